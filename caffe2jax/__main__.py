@@ -1,0 +1,5 @@
+import sys
+
+from caffe2jax.cli import main
+
+sys.exit(main())

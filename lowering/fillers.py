@@ -1,0 +1,115 @@
+"""Caffe's weight fillers (filler.hpp), drawn from a JAX key.
+
+Caffe's RNG cannot be reproduced bit for bit, so random fillers match Caffe's distributions
+(bounds, mean, std, fan rules, sparsity); ``constant`` and ``bilinear`` are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from caffe2jax.errors import NetError
+from caffe2jax.frontend import caffe_pb2
+
+Shape = tuple[int, ...]
+
+
+def _fans(shape: Shape) -> tuple[float, float]:
+    """Caffe's fan_in = count / shape[0] and fan_out = count / shape[1] (count when 1-D)."""
+    count = math.prod(shape)
+    fan_in = count / shape[0] if shape and shape[0] else count
+    fan_out = count / shape[1] if len(shape) > 1 and shape[1] else count
+    return fan_in, fan_out
+
+
+def _variance_n(filler: caffe_pb2.FillerParameter, shape: Shape) -> float:
+    fan_in, fan_out = _fans(shape)
+    norm = filler.variance_norm
+    if norm == caffe_pb2.FillerParameter.FAN_OUT:
+        return fan_out
+    if norm == caffe_pb2.FillerParameter.AVERAGE:
+        return (fan_in + fan_out) / 2.0
+    return fan_in
+
+
+def _constant(filler, shape, key, dtype):
+    return jnp.full(shape, filler.value, dtype)
+
+
+def _uniform(filler, shape, key, dtype):
+    return jax.random.uniform(key, shape, dtype, filler.min, filler.max)
+
+
+def _gaussian(filler, shape, key, dtype):
+    """N(mean, std); with ``sparse`` > 0 each weight survives with p = sparse / shape[0]."""
+    k_val, k_mask = jax.random.split(key)
+    values = filler.mean + filler.std * jax.random.normal(k_val, shape, dtype)
+    if filler.sparse >= 0:
+        if len(shape) < 2:
+            raise NetError("gaussian filler with 'sparse' needs a blob of at least 2 axes")
+        keep = min(1.0, filler.sparse / shape[0])
+        values = values * jax.random.bernoulli(k_mask, keep, shape).astype(dtype)
+    return values
+
+
+def _positive_unitball(filler, shape, key, dtype):
+    """U(0, 1), then every item (index of axis 0) is scaled to sum to 1."""
+    values = jax.random.uniform(key, shape, dtype)
+    flat = values.reshape(shape[0], -1)
+    return (flat / flat.sum(axis=1, keepdims=True)).reshape(shape)
+
+
+def _xavier(filler, shape, key, dtype):
+    """U(-a, a) with a = sqrt(3 / n), n chosen by variance_norm."""
+    scale = math.sqrt(3.0 / _variance_n(filler, shape))
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+
+
+def _msra(filler, shape, key, dtype):
+    """N(0, 2 / n), n chosen by variance_norm."""
+    std = math.sqrt(2.0 / _variance_n(filler, shape))
+    return std * jax.random.normal(key, shape, dtype)
+
+
+def _bilinear(filler, shape, key, dtype):
+    """The bilinear upsampling kernel of Caffe's BilinearFiller (square kernels, any C)."""
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise NetError(f"bilinear filler needs a 4-D blob with square kernels, got {list(shape)}")
+    k = shape[3]
+    f = math.ceil(k / 2.0)
+    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    i = np.arange(math.prod(shape))
+    x, y = i % k, (i // k) % k
+    values = (1 - np.abs(x / f - c)) * (1 - np.abs(y / f - c))
+    return jnp.asarray(values.reshape(shape), dtype)
+
+
+FILLERS: dict[str, Callable] = {
+    "constant": _constant,
+    "uniform": _uniform,
+    "gaussian": _gaussian,
+    "positive_unitball": _positive_unitball,
+    "xavier": _xavier,
+    "msra": _msra,
+    "bilinear": _bilinear,
+}
+
+
+def fill(
+    filler: caffe_pb2.FillerParameter | None, shape: Shape, key: jax.Array, dtype=jnp.float32
+) -> jax.Array:
+    """A blob of ``shape`` filled as Caffe's filler ``filler`` would (None: zeros)."""
+    if filler is None:
+        return jnp.zeros(shape, dtype)
+    try:
+        make = FILLERS[filler.type]
+    except KeyError:
+        raise NetError(
+            f"unknown filler type '{filler.type}'; supported: {', '.join(sorted(FILLERS))}"
+        ) from None
+    return make(filler, tuple(shape), key, dtype)

@@ -1,0 +1,265 @@
+"""Graph assembly: an ir.Net becomes one pure function over params, state and inputs.
+
+``Graph(net, input_shapes)`` looks every layer up in the registry, declares its param blobs,
+infers every top shape with ``jax.eval_shape`` (no second shape table), resolves shared params
+(Caffe's AppendParam ownership and shape checks) and Caffe's need-backward analysis. Then::
+
+    params, state = graph.init(key)
+    blobs, state = graph.apply(params, state, inputs, rng)     # pure, jittable
+    loss = graph.objective(blobs)                              # Σ loss_weight · Σ top
+
+Gradients are JAX's, with ``stop_gradient`` exactly where Caffe computes no diff (bottoms and
+params Net::Init marks as not needing backward), so ``jax.grad`` of the objective equals the
+diffs Caffe's Backward leaves in the params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from caffe2jax import ir
+from caffe2jax.errors import NetError
+from caffe2jax.lowering.fillers import fill
+from caffe2jax.lowering.registry import Context, Lowering, ParamDecl, Shape, lookup
+
+Params = dict[str, list[Any]]
+
+
+def _fail(layer: ir.Layer, problem: str) -> NetError:
+    return NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
+
+
+def _shape_list(names: Sequence[str], shapes: Sequence[Shape]) -> str:
+    return ", ".join(f"'{n}' {list(s)}" for n, s in zip(names, shapes))
+
+
+class Graph:
+    """A lowered net: shapes, param declarations, sharing, and the pure apply function."""
+
+    def __init__(
+        self,
+        net: ir.Net,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        dtype: Any = jnp.float32,
+    ):
+        self.dtype = jnp.dtype(dtype)
+        self.phase = net.phase
+        self.lowerings: dict[str, Lowering] = {layer.name: lookup(layer) for layer in net.layers}
+        self.decls: dict[str, list[ParamDecl]] = {}
+        self.shared: dict[tuple[str, int], tuple[str, int]] = {}
+        self.inputs: dict[str, Shape] = {}
+        self._input_ssa: dict[str, str] = {}
+        shapes = self._infer(net, dict(input_shapes or {}))
+        self._resolve_sharing(net)
+        net = net.with_shapes(shapes)
+        self.net = ir.resolve_backward(
+            net,
+            {name: len(d) for name, d in self.decls.items()},
+            {
+                layer.name: self.lowerings[layer.name].allow_force_backward(len(layer.bottoms))
+                for layer in net.layers
+            },
+        )
+
+    # -- compile time ---------------------------------------------------------------------
+
+    def _source_shapes(self, layer: ir.Layer, given: dict[str, Sequence[int]]) -> list[Shape]:
+        declared = self.lowerings[layer.name].fn(layer)
+        out = []
+        for i, user in enumerate(layer.top_names):
+            shape = given.pop(user, None)
+            if shape is None:
+                shape = declared[i] if i < len(declared) else None
+            if shape is None:
+                raise _fail(
+                    layer,
+                    f"the shape of top '{user}' comes from its data source; "
+                    "pass input_shapes={'" + user + "': (...)}",
+                )
+            out.append(tuple(int(d) for d in shape))
+        return out
+
+    def _infer(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict[str, Shape]:
+        shapes: dict[str, Shape] = {}
+        for k, layer in enumerate(net.layers):
+            lowering = self.lowerings[layer.name]
+            if lowering.source:
+                for ssa, user, shape in zip(
+                    layer.tops, layer.top_names, self._source_shapes(layer, given)
+                ):
+                    shapes[ssa] = shape
+                    self.inputs[user] = shape
+                    self._input_ssa[user] = ssa
+                continue
+            bottom_shapes = [shapes[b] for b in layer.bottoms]
+            self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
+            tops = self._eval_tops(k, layer, lowering, bottom_shapes)
+            shapes.update(zip(layer.tops, tops))
+        if given:
+            raise NetError(f"input_shapes names unknown input blob(s): {', '.join(sorted(given))}")
+        return shapes
+
+    def _eval_tops(self, k, layer, lowering, bottom_shapes) -> list[Shape]:
+        blobs = [jax.ShapeDtypeStruct(d.shape, self.dtype) for d in self.decls[layer.name]]
+        bottoms = [jax.ShapeDtypeStruct(s, self.dtype) for s in bottom_shapes]
+
+        def run(blobs, bottoms):
+            ctx = Context(self.phase, jax.random.key(0), self.dtype, layer_name=layer.name)
+            out = lowering.fn(layer, blobs, bottoms, ctx)
+            return out[0] if lowering.stateful else out
+
+        try:
+            tops = jax.eval_shape(run, blobs, bottoms)
+        except NetError:
+            raise
+        except Exception as err:  # a lowering rejected the shapes: name layer, blobs, shapes
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise _fail(
+                layer,
+                f"cannot apply to bottom(s) {_shape_list(layer.bottom_names, bottom_shapes)}: "
+                f"{first}",
+            ) from None
+        if len(tops) != len(layer.tops):
+            raise _fail(layer, f"produced {len(tops)} top(s) but the net names {len(layer.tops)}")
+        return [tuple(t.shape) for t in tops]
+
+    def _resolve_sharing(self, net: ir.Net) -> None:
+        """Caffe's AppendParam: the first layer naming a param owns it; later ones share it."""
+        owners: dict[str, tuple[str, int]] = {}
+        for layer in net.layers:
+            for j, decl in enumerate(self.decls.get(layer.name, [])):
+                spec = layer.spec(j)
+                if not spec.name:
+                    continue
+                if spec.name not in owners:
+                    owners[spec.name] = (layer.name, j)
+                    continue
+                owner, oj = owners[spec.name]
+                theirs = self.decls[owner][oj]
+                if decl.state or theirs.state:
+                    raise _fail(layer, f"param '{spec.name}' is a state blob and cannot be shared")
+                same = (
+                    np.prod(decl.shape) == np.prod(theirs.shape)
+                    if spec.permissive
+                    else decl.shape == theirs.shape
+                )
+                if not same:
+                    raise _fail(
+                        layer,
+                        f"cannot share param '{spec.name}' owned by layer '{owner}': owner shape "
+                        f"{list(theirs.shape)}, this layer's shape {list(decl.shape)}"
+                        + (" (count mismatch)" if spec.permissive else ""),
+                    )
+                self._check_mults(layer, spec, net.layer(owner).spec(oj))
+                self.shared[(layer.name, j)] = (owner, oj)
+
+    @staticmethod
+    def _check_mults(layer: ir.Layer, spec: ir.ParamSpec, owner: ir.ParamSpec) -> None:
+        for field in ("lr_mult", "decay_mult"):
+            mine, theirs = getattr(spec, field), getattr(owner, field)
+            if getattr(spec, f"has_{field}") and getattr(owner, f"has_{field}") and mine != theirs:
+                raise _fail(layer, f"shared param '{spec.name}' has mismatched {field}")
+
+    # -- run time -------------------------------------------------------------------------
+
+    def init(self, key: jax.Array) -> tuple[Params, Params]:
+        """Fresh params and state from each blob's Caffe filler (shared slots hold None)."""
+        params: Params = {}
+        state: Params = {}
+        for k, layer in enumerate(self.net.layers):
+            decls = self.decls.get(layer.name, [])
+            p, s = [None] * len(decls), [None] * len(decls)
+            for j, decl in enumerate(decls):
+                if (layer.name, j) in self.shared:
+                    continue
+                value = fill(
+                    decl.filler, decl.shape, jax.random.fold_in(key, k * 64 + j), self.dtype
+                )
+                (s if decl.state else p)[j] = value
+            if any(v is not None for v in p):
+                params[layer.name] = p
+            if any(v is not None for v in s):
+                state[layer.name] = s
+        return params, state
+
+    def layer_blobs(self, layer: ir.Layer, params: Params, state: Params) -> list[jax.Array]:
+        """All blobs of ``layer`` in Caffe's order: own params, state, shared (from owner)."""
+        out = []
+        for j, decl in enumerate(self.decls.get(layer.name, [])):
+            if (layer.name, j) in self.shared:
+                owner, oj = self.shared[(layer.name, j)]
+                out.append(jnp.reshape(params[owner][oj], decl.shape))
+            elif decl.state:
+                out.append(state[layer.name][j])
+            else:
+                out.append(params[layer.name][j])
+        return out
+
+    def _feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
+        missing = [name for name in self.inputs if name not in inputs]
+        if missing:
+            raise NetError(
+                f"missing input blob(s) {', '.join(missing)}; the net takes "
+                + _shape_list(list(self.inputs), list(self.inputs.values()))
+            )
+        env = {}
+        for name, shape in self.inputs.items():
+            value = jnp.asarray(inputs[name])
+            if tuple(value.shape) != shape:
+                raise NetError(
+                    f"input blob '{name}' has shape {list(value.shape)}, the net was compiled "
+                    f"for {list(shape)} (reshape the net for a new shape)"
+                )
+            if not jnp.issubdtype(value.dtype, self.dtype):
+                value = value.astype(self.dtype)
+            env[self._input_ssa[name]] = value
+        return env
+
+    def apply(
+        self,
+        params: Params,
+        state: Params,
+        inputs: Mapping[str, Any],
+        rng: jax.Array | None = None,
+    ) -> tuple[dict[str, jax.Array], Params]:
+        """Caffe's Net::Forward: every blob by SSA id (user names for last versions), new state."""
+        env = self._feed(inputs)
+        new_state = {name: list(blobs) for name, blobs in state.items()}
+        for k, layer in enumerate(self.net.layers):
+            lowering = self.lowerings[layer.name]
+            if lowering.source:
+                continue
+            backward = self.net.backward[layer.name]
+            bottoms = [
+                env[b] if backward.bottoms[i] else lax.stop_gradient(env[b])
+                for i, b in enumerate(layer.bottoms)
+            ]
+            blobs = [
+                b if backward.params[j] else lax.stop_gradient(b)
+                for j, b in enumerate(self.layer_blobs(layer, params, state))
+            ]
+            key = None if rng is None else jax.random.fold_in(rng, k)
+            ctx = Context(self.phase, key, self.dtype, layer_name=layer.name)
+            out = lowering.fn(layer, blobs, bottoms, ctx)
+            if lowering.stateful:
+                out, updated = out
+                slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]
+                for j, value in zip(slots, updated):
+                    new_state[layer.name][j] = lax.stop_gradient(value)
+            env.update(zip(layer.tops, out))
+        return env, new_state
+
+    def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:
+        """Caffe's net loss: Σ over tops of loss_weight · Σ(top data)."""
+        total = jnp.zeros((), self.dtype)
+        for layer in self.net.layers:
+            for top, weight in zip(layer.tops, layer.loss_weights):
+                if weight:
+                    total = total + weight * jnp.sum(blobs[top])
+        return total

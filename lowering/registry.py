@@ -1,0 +1,148 @@
+"""The layer registry: one lowering per Caffe type string, exactly as Caffe spells it.
+
+A lowering is a pure function ``fn(layer, params, bottoms, ctx) -> tops`` plus the shapes and
+fillers of its param blobs in Caffe's blob order::
+
+    @register("InnerProduct")
+    def inner_product(layer, params, bottoms, ctx):
+        ...
+
+    @inner_product.param_shapes
+    def _(layer, bottom_shapes):
+        return [ParamDecl((n, k), p.weight_filler), ...]
+
+``params`` is the layer's full blob list in Caffe's order (learnable blobs and state blobs,
+shared blobs resolved). A ``stateful`` lowering returns ``(tops, new_state)`` where
+``new_state`` lists new values for its state blobs in order. A ``source`` lowering (Input,
+MemoryData, Data…) computes nothing: its tops are graph inputs, and its function returns the
+shapes it declares (``None`` where only the data can tell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from caffe2jax import ir
+from caffe2jax.errors import NetError
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    """One param blob: its shape, its FillerParameter (None: zeros), and whether it is state.
+
+    State blobs (BatchNorm's mean, variance and scale factor) are written by the forward
+    pass, not by the solver; they live in the ``state`` pytree instead of ``params``.
+    """
+
+    shape: Shape
+    filler: Any = None
+    state: bool = False
+
+
+@dataclass
+class Context:
+    """What a lowering may know besides its inputs: phase, randomness, dtype, state blobs."""
+
+    phase: str
+    rng: jax.Array | None
+    dtype: Any = jnp.float32
+    state: list[jax.Array] = field(default_factory=list)
+    layer_name: str = ""
+
+    @property
+    def train(self) -> bool:
+        return self.phase == ir.TRAIN
+
+    def key(self) -> jax.Array:
+        """This layer's PRNG key; a clear error when the caller gave no rng."""
+        if self.rng is None:
+            raise NetError(
+                f"layer '{self.layer_name}' draws random numbers in phase {self.phase}: "
+                "pass rng=jax.random.key(...) to apply()"
+            )
+        return self.rng
+
+
+LoweringFn = Callable[[ir.Layer, Sequence[jax.Array], Sequence[jax.Array], Context], Any]
+ParamShapesFn = Callable[[ir.Layer, Sequence[Shape]], list[ParamDecl]]
+
+
+@dataclass
+class Lowering:
+    """A registered Caffe layer type."""
+
+    type: str
+    fn: LoweringFn
+    stateful: bool = False
+    source: bool = False
+    no_force_backward: tuple[int, ...] = ()
+    _param_shapes: ParamShapesFn | None = None
+
+    def __call__(self, layer, params, bottoms, ctx):
+        return self.fn(layer, params, bottoms, ctx)
+
+    def param_shapes(self, fn: ParamShapesFn) -> ParamShapesFn:
+        """Decorator: declare the layer's param blobs from its bottom shapes."""
+        self._param_shapes = fn
+        return fn
+
+    def declare(self, layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
+        if self._param_shapes is None:
+            return []
+        return list(self._param_shapes(layer, bottom_shapes))
+
+    def allow_force_backward(self, n_bottoms: int) -> tuple[bool, ...]:
+        """Caffe's AllowForceBackward per bottom (loss layers refuse their labels)."""
+        return tuple(i not in self.no_force_backward for i in range(n_bottoms))
+
+
+_REGISTRY: dict[str, Lowering] = {}
+
+
+def register(
+    type_name: str,
+    *,
+    stateful: bool = False,
+    source: bool = False,
+    no_force_backward: Sequence[int] = (),
+) -> Callable[[LoweringFn], Lowering]:
+    """Register the lowering of Caffe layer type ``type_name`` (one registration per type)."""
+
+    def wrap(fn: LoweringFn) -> Lowering:
+        if type_name in _REGISTRY:
+            raise ValueError(f"layer type {type_name!r} is registered twice")
+        lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward))
+        _REGISTRY[type_name] = lowering
+        return lowering
+
+    return wrap
+
+
+def registered_types() -> list[str]:
+    """Every Caffe type string caffe2jax lowers, sorted."""
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def lookup(layer: ir.Layer) -> Lowering:
+    """The lowering for ``layer``; an unknown type fails naming the layer and the known types."""
+    _load_families()
+    try:
+        return _REGISTRY[layer.type]
+    except KeyError:
+        raise NetError(
+            f"layer '{layer.name}' has unsupported type '{layer.type}'; supported types: "
+            + ", ".join(sorted(_REGISTRY))
+        ) from None
+
+
+def _load_families() -> None:
+    """Import every family module once so their @register calls run."""
+    from caffe2jax.lowering import families  # noqa: F401

@@ -1,0 +1,26 @@
+"""Small helpers shared by the layer families (Caffe's axis and count conventions)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from caffe2jax import ir
+from caffe2jax.errors import NetError
+
+
+def fail(layer: ir.Layer, problem: str) -> NetError:
+    """A NetError naming the layer and its type: raise it for a configuration Caffe refuses."""
+    return NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
+
+
+def canonical_axis(layer: ir.Layer, axis: int, ndim: int) -> int:
+    """Caffe's Blob::CanonicalAxisIndex: negative axes count from the end; range-checked."""
+    if not -ndim <= axis < ndim:
+        raise fail(layer, f"axis {axis} is out of range for a {ndim}-D blob")
+    return axis % ndim if ndim else 0
+
+
+def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
+    """Caffe's Blob::count(start, end): the product of dims in [start, end)."""
+    return math.prod(shape[start:end])
