@@ -42,17 +42,28 @@ def _constant(filler, shape, key, dtype):
 
 
 def _uniform(filler, shape, key, dtype):
+    if filler.min > filler.max:
+        raise NetError(f"uniform filler needs min <= max, got min {filler.min} > max {filler.max}")
     return jax.random.uniform(key, shape, dtype, filler.min, filler.max)
 
 
 def _gaussian(filler, shape, key, dtype):
-    """N(mean, std); with ``sparse`` > 0 each weight survives with p = sparse / shape[0]."""
+    """N(mean, std); with ``sparse`` ≥ 0 each weight survives with p = sparse / shape[0]."""
+    if filler.std <= 0:
+        raise NetError(f"gaussian filler needs std > 0, got {filler.std}")
     k_val, k_mask = jax.random.split(key)
     values = filler.mean + filler.std * jax.random.normal(k_val, shape, dtype)
+    if filler.sparse < -1:
+        raise NetError(f"gaussian filler 'sparse' must be -1 (off) or >= 0, got {filler.sparse}")
     if filler.sparse >= 0:
-        if len(shape) < 2:
-            raise NetError("gaussian filler with 'sparse' needs a blob of at least 2 axes")
-        keep = min(1.0, filler.sparse / shape[0])
+        if len(shape) < 1:
+            raise NetError("gaussian filler with 'sparse' needs a blob of at least 1 axis")
+        keep = filler.sparse / shape[0]
+        if keep > 1:
+            raise NetError(
+                f"gaussian filler 'sparse' ({filler.sparse}) exceeds the blob's first axis "
+                f"({shape[0]}): the keep probability sparse/{shape[0]} must be <= 1"
+            )
         values = values * jax.random.bernoulli(k_mask, keep, shape).astype(dtype)
     return values
 
@@ -77,15 +88,21 @@ def _msra(filler, shape, key, dtype):
 
 
 def _bilinear(filler, shape, key, dtype):
-    """The bilinear upsampling kernel of Caffe's BilinearFiller (square kernels, any C)."""
+    """Caffe's BilinearFiller: every (kh, kw) slice holds the same bilinear upsampling kernel.
+
+    Upstream's formula, ``c = (k − 1) / (2f)`` with ``f = ceil(k / 2)``, evaluated operation by
+    operation in the blob's precision as Caffe's loop does, so float32 values are bit-exact.
+    """
     if len(shape) != 4 or shape[2] != shape[3]:
         raise NetError(f"bilinear filler needs a 4-D blob with square kernels, got {list(shape)}")
     k = shape[3]
     f = math.ceil(k / 2.0)
-    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    dt = np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
+    c = dt.type((k - 1) / (2.0 * f))
     i = np.arange(math.prod(shape))
-    x, y = i % k, (i // k) % k
-    values = (1 - np.abs(x / f - c)) * (1 - np.abs(y / f - c))
+    x, y = (i % k).astype(dt), ((i // k) % k).astype(dt)
+    one, fd = dt.type(1), dt.type(f)
+    values = (one - np.abs(x / fd - c)) * (one - np.abs(y / fd - c))
     return jnp.asarray(values.reshape(shape), dtype)
 
 
@@ -112,4 +129,6 @@ def fill(
         raise NetError(
             f"unknown filler type '{filler.type}'; supported: {', '.join(sorted(FILLERS))}"
         ) from None
+    if filler.type != "gaussian" and filler.sparse != -1:
+        raise NetError(f"filler '{filler.type}' does not support 'sparse' (only gaussian does)")
     return make(filler, tuple(shape), key, dtype)

@@ -229,9 +229,32 @@ class Graph:
         rng: jax.Array | None = None,
     ) -> tuple[dict[str, jax.Array], Params]:
         """Caffe's Net::Forward: every blob by SSA id (user names for last versions), new state."""
-        env = self._feed(inputs)
+        return self.run(params, state, self._feed(inputs), rng)
+
+    def run(
+        self,
+        params: Params,
+        state: Params,
+        env: Mapping[str, jax.Array],
+        rng: jax.Array | None = None,
+        *,
+        start: int = 0,
+        stop: int | None = None,
+        taps: Mapping[str, jax.Array] | None = None,
+    ) -> tuple[dict[str, jax.Array], Params]:
+        """Run layers ``start``..``stop - 1`` (Caffe's ForwardFromTo) over the blobs in ``env``.
+
+        ``taps`` adds an array to chosen blobs as they are produced: zeros there change nothing
+        but make ``jax.grad`` with respect to the taps return each blob's diff, as pycaffe's
+        ``net.blobs[name].diff`` shows after a backward pass.
+        """
+        env = dict(env)
+        taps = taps or {}
+        for name in taps.keys() & env.keys():
+            env[name] = env[name] + taps[name]
         new_state = {name: list(blobs) for name, blobs in state.items()}
-        for k, layer in enumerate(self.net.layers):
+        for k in range(start, len(self.net.layers) if stop is None else stop):
+            layer = self.net.layers[k]
             lowering = self.lowerings[layer.name]
             if lowering.source:
                 continue
@@ -252,7 +275,8 @@ class Graph:
                 slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]
                 for j, value in zip(slots, updated):
                     new_state[layer.name][j] = lax.stop_gradient(value)
-            env.update(zip(layer.tops, out))
+            for top, value in zip(layer.tops, out):
+                env[top] = value + taps[top] if top in taps else value
         return env, new_state
 
     def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:

@@ -1,6 +1,10 @@
 """Subcommands of the `caffe2jax` CLI: one module each, exposing ``add(subparsers)``."""
 
 COMMANDS: list[str] = [
+    "compute_image_mean",
+    "convert_imageset",
+    "convert_weights",
+    "export",
     "summary",
     "upgrade",
 ]

@@ -1,0 +1,184 @@
+"""Caffe's Python layers (``type: "Python"``), backed by user-registered JAX functions.
+
+Caffe's PythonLayer imports ``python_param.module``, instantiates the class
+``python_param.layer``, hands it ``param_str``, and calls its ``setup``/``reshape``/
+``forward``/``backward`` methods with numpy blobs. A compiled JAX program cannot call back into
+such a class, so the user registers a pure JAX equivalent under the same (module, layer)::
+
+    from caffe2jax.lowering.python_layer import register_python_layer
+
+    @register_python_layer("my_layers", "Scale2", param_shapes=..., backward=...)
+    def scale2(bottoms, params, param_str, ctx):
+        return [2 * bottoms[0]]
+
+- ``fn(bottoms, params, param_str, ctx) -> list of tops``: the forward (Caffe's ``forward``).
+  ``ctx`` carries ``phase``, ``dtype`` and ``key()`` as for any lowering.
+- ``param_shapes(bottom_shapes, param_str) -> [ParamDecl | shape, ...]``: the layer's blobs
+  (Caffe's ``self.blobs``), optional; a plain shape means a zero-filled blob.
+- ``backward(bottoms, params, tops, top_diffs, param_str) -> (bottom_diffs, param_diffs)``:
+  the hand-written backward (Caffe's ``backward``), optional. Without it, gradients are JAX's
+  derivative of ``fn``. ``None`` in either list means "no diff" (zeros).
+
+Registering the same (module, layer) again replaces the earlier function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from caffe2jax import ir
+from caffe2jax.lowering.registry import ParamDecl, Shape, register
+from caffe2jax.lowering.util import fail
+
+ForwardFn = Callable[[list, list, str, Any], Sequence[jax.Array]]
+ParamShapesFn = Callable[[list[Shape], str], Sequence[Any]]
+BackwardFn = Callable[[list, list, list, list, str], tuple[Sequence[Any], Sequence[Any]]]
+
+
+@dataclass(frozen=True)
+class PythonLayer:
+    """One registered Python layer: its forward, blob declarations and optional backward."""
+
+    module: str
+    layer: str
+    forward: ForwardFn
+    param_shapes: ParamShapesFn | None = None
+    backward: BackwardFn | None = None
+
+
+_PYTHON_LAYERS: dict[tuple[str, str], PythonLayer] = {}
+
+
+def register_python_layer(
+    module: str,
+    layer: str,
+    *,
+    param_shapes: ParamShapesFn | None = None,
+    backward: BackwardFn | None = None,
+) -> Callable[[ForwardFn], ForwardFn]:
+    """Decorator: the JAX implementation of Caffe Python layer ``module.layer``."""
+
+    def wrap(fn: ForwardFn) -> ForwardFn:
+        _PYTHON_LAYERS[(module, layer)] = PythonLayer(module, layer, fn, param_shapes, backward)
+        return fn
+
+    return wrap
+
+
+def unregister_python_layer(module: str, layer: str) -> None:
+    """Forget the implementation of ``module.layer`` (no error when none is registered)."""
+    _PYTHON_LAYERS.pop((module, layer), None)
+
+
+def registered_python_layers() -> list[str]:
+    """``module.layer`` of every registered Python layer, sorted."""
+    return sorted(f"{m}.{name}" for m, name in _PYTHON_LAYERS)
+
+
+def _entry(layer: ir.Layer) -> PythonLayer:
+    """The registration for ``layer``'s python_param; a one-line error saying how to add one."""
+    p = layer.param.python_param
+    if not p.module or not p.layer:
+        raise fail(layer, "python_param needs both 'module' and 'layer'")
+    try:
+        return _PYTHON_LAYERS[(p.module, p.layer)]
+    except KeyError:
+        raise fail(
+            layer,
+            f"no JAX implementation is registered for Python layer '{p.module}.{p.layer}'; "
+            "register one with @caffe2jax.lowering.python_layer.register_python_layer("
+            f"'{p.module}', '{p.layer}') before compiling",
+        ) from None
+
+
+def _as_decl(layer: ir.Layer, item: Any) -> ParamDecl:
+    if isinstance(item, ParamDecl):
+        return item
+    try:
+        return ParamDecl(tuple(int(d) for d in item))
+    except TypeError:
+        raise fail(layer, f"param_shapes must return ParamDecl or shapes; got {item!r}") from None
+
+
+def _diffs(layer: ir.Layer, what: str, diffs: Any, like: Sequence[jax.Array]) -> list:
+    """The user's diffs as a list matching ``like`` (None → zeros), shapes checked."""
+    diffs = [None] * len(like) if diffs is None else list(diffs)
+    if len(diffs) != len(like):
+        raise fail(layer, f"backward returned {len(diffs)} {what} diff(s), expected {len(like)}")
+    out = []
+    for i, (d, x) in enumerate(zip(diffs, like)):
+        if d is None:
+            out.append(jnp.zeros_like(x))
+            continue
+        d = jnp.asarray(d, x.dtype)
+        if d.shape != x.shape:
+            raise fail(
+                layer, f"backward's {what} diff {i} has shape {list(d.shape)}, not {list(x.shape)}"
+            )
+        out.append(d)
+    return out
+
+
+def _tops(layer: ir.Layer, tops: Any) -> list:
+    """The forward's result as a list of tops (a bare array is a mistake worth naming)."""
+    if not isinstance(tops, (list, tuple)):
+        raise fail(
+            layer,
+            f"the Python layer's forward must return a list of tops, got {type(tops).__name__}",
+        )
+    return list(tops)
+
+
+def _with_backward(layer: ir.Layer, entry: PythonLayer, param_str: str, ctx) -> Callable:
+    """``(params, bottoms) -> tops`` whose VJP is the user's hand-written backward."""
+
+    def forward(params, bottoms):
+        return _tops(layer, entry.forward(list(bottoms), list(params), param_str, ctx))
+
+    # Caffe runs the layer's own backward(), which need not be forward's derivative; a
+    # custom_vjp puts exactly that backward into JAX's reverse mode.
+    @jax.custom_vjp
+    def run(params, bottoms):
+        return forward(params, bottoms)
+
+    def run_fwd(params, bottoms):
+        tops = forward(params, bottoms)
+        return tops, (params, bottoms, tops)
+
+    def run_bwd(res, top_diffs):
+        params, bottoms, tops = res
+        bottom_diffs, param_diffs = entry.backward(
+            list(bottoms), list(params), list(tops), list(top_diffs), param_str
+        )
+        return (
+            _diffs(layer, "param", param_diffs, params),
+            _diffs(layer, "bottom", bottom_diffs, bottoms),
+        )
+
+    run.defvjp(run_fwd, run_bwd)
+    return run
+
+
+@register("Python")
+def python_layer(layer, params, bottoms, ctx):
+    """Caffe's PythonLayer: dispatch to the JAX function registered for (module, layer)."""
+    entry = _entry(layer)
+    param_str = layer.param.python_param.param_str
+    if entry.backward is None:
+        return _tops(layer, entry.forward(list(bottoms), list(params), param_str, ctx))
+    return _with_backward(layer, entry, param_str, ctx)(list(params), list(bottoms))
+
+
+@python_layer.param_shapes
+def _(layer, bottom_shapes):
+    entry = _entry(layer)
+    if entry.param_shapes is None:
+        return []
+    shapes = [tuple(s) for s in bottom_shapes]
+    declared = entry.param_shapes(shapes, layer.param.python_param.param_str)
+    return [_as_decl(layer, item) for item in declared]

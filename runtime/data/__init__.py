@@ -1,0 +1,55 @@
+"""Host-side data pipeline: Caffe's data layers, DataTransformer, databases and dataset tools."""
+
+from caffe2jax.runtime.data.datum import (
+    array_to_blobproto,
+    array_to_datum,
+    blobproto_to_array,
+    datum_to_array,
+    encoded_datum,
+    parse_datum,
+    read_blobproto,
+    write_blobproto,
+)
+from caffe2jax.runtime.data.db import Cursor, Database, Writer, open_db
+from caffe2jax.runtime.data.hdf5 import HDF5DataSource, HDF5OutputSink, make_sink
+from caffe2jax.runtime.data.image import decode_image, encode_image, read_image, resize_bilinear
+from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
+from caffe2jax.runtime.data.sources import (
+    DataLayerSource,
+    DataSource,
+    ImageDataSource,
+    make_source,
+)
+from caffe2jax.runtime.data.tools import compute_image_mean, convert_imageset
+from caffe2jax.runtime.data.transform import DataTransformer
+
+__all__ = [
+    "Cursor",
+    "DataLayerSource",
+    "DataSource",
+    "DataTransformer",
+    "Database",
+    "HDF5DataSource",
+    "HDF5OutputSink",
+    "ImageDataSource",
+    "Prefetcher",
+    "Writer",
+    "array_to_blobproto",
+    "array_to_datum",
+    "blobproto_to_array",
+    "compute_image_mean",
+    "convert_imageset",
+    "datum_to_array",
+    "decode_image",
+    "encode_image",
+    "encoded_datum",
+    "make_sink",
+    "make_source",
+    "open_db",
+    "parse_datum",
+    "prefetch_depth",
+    "read_blobproto",
+    "read_image",
+    "resize_bilinear",
+    "write_blobproto",
+]

@@ -1,0 +1,312 @@
+"""Host-side data sources, one per Caffe data layer type, built from the LayerParameter.
+
+A source knows its tops' shapes before reading a batch (Caffe's ``DataLayerSetUp`` reads one
+record for that), then yields float32 batches in Caffe's layout: data (N, C, H, W) and labels
+(N,). Relative paths are tried against the working directory first, as Caffe does, then
+against ``base_dir`` (the prototxt's folder, passed by the caller).
+
+* ``Data``: LMDB or LevelDB (``backend``, LEVELDB by default as in Caffe) of Datum records,
+  read in key order with wrap-around; raw, ``float_data`` or encoded records. ``rand_skip``
+  skips ``Rand(rand_skip)`` records once at the start in TRAIN (the behaviour of Caffe before
+  its 2017 data-layer rewrite; Caffe's last release ignores ``rand_skip`` for Data, and a TEST
+  source always starts at the first record). MyCaffe's label balancing and image boosting are
+  opt-in (:mod:`.sampling`).
+* ``ImageData``: a list of ``path label`` lines (:func:`.files.parse_list_file`), paths are
+  ``root_folder + path`` (string concatenation, as Caffe: give the folder a trailing ``/``),
+  optionally shuffled once at the start and again at every wrap-around, ``rand_skip`` applied
+  in both phases, images read in colour or gray (``is_color``) and resized with OpenCV's
+  bilinear filter to ``new_height`` × ``new_width``.
+* ``HDF5Data`` and the ``HDF5Output`` sink live in :mod:`.hdf5`.
+
+Every item of a batch must have the first record's shape: the graph is compiled for it (Caffe
+re-shapes per batch, but also requires one shape within a batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from caffe2jax.errors import DataError
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
+from caffe2jax.runtime.data.db import Cursor, open_db
+from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
+from caffe2jax.runtime.data.image import read_image
+from caffe2jax.runtime.data.sampling import Sampler
+from caffe2jax.runtime.data.transform import PHASES, DataTransformer
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = ("Data", "ImageData", "HDF5Data")
+
+
+class DataSource(ABC):
+    """What a data layer feeds the net: fixed top shapes, then batches."""
+
+    name: str
+
+    @abstractmethod
+    def top_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of every top, batch axis included."""
+
+    @abstractmethod
+    def next_batch(self) -> list[np.ndarray]:
+        """One float32 array per top."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release files and databases."""
+
+    def __enter__(self) -> DataSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_rngs(seed: int | None, count: int) -> list[np.random.Generator]:
+    """Independent generators derived from one seed (``None``: fresh entropy)."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(count)]
+
+
+def check_phase(phase: str | int) -> str:
+    """ "TRAIN" or "TEST", also from caffe_pb2.TRAIN (0) / caffe_pb2.TEST (1)."""
+    if isinstance(phase, int) and not isinstance(phase, bool) and phase in (0, 1):
+        return PHASES[phase]
+    if phase not in PHASES:
+        raise ValueError(f"phase must be 'TRAIN' or 'TEST', not {phase!r}")
+    return phase
+
+
+def _check_tops(layer: caffe_pb2.LayerParameter, allowed: tuple[int, ...]) -> None:
+    if len(layer.top) not in allowed:
+        want = " or ".join(str(n) for n in allowed)
+        raise DataError(f"layer {layer.name!r} ({layer.type}) needs {want} tops")
+
+
+def positive_batch_size(value: int, layer: caffe_pb2.LayerParameter) -> int:
+    """``batch_size``, which Caffe requires to be positive."""
+    if value <= 0:
+        raise DataError(f"layer {layer.name!r} ({layer.type}): batch_size must be positive")
+    return int(value)
+
+
+def _warn_deprecated(layer: caffe_pb2.LayerParameter) -> None:
+    """Caffe moves data_param's scale/mean_file/crop_size/mirror into transform_param only when
+    upgrading V1 nets; in a V2 ``layer {}`` they are ignored, here as there."""
+    param = layer.data_param
+    old = [f for f in ("scale", "mean_file", "crop_size", "mirror") if param.HasField(f)]
+    if old:
+        log.warning(
+            "layer %s: data_param.%s ignored (deprecated; use transform_param)",
+            layer.name,
+            "/".join(old),
+        )
+
+
+class DataLayerSource(DataSource):
+    """Caffe's ``Data`` layer over an LMDB or LevelDB of Datum records."""
+
+    def __init__(
+        self,
+        layer: caffe_pb2.LayerParameter,
+        phase: str,
+        *,
+        base_dir: Path | None = None,
+        seed: int | None = None,
+    ) -> None:
+        _check_tops(layer, (1, 2))
+        phase = check_phase(phase)
+        param = layer.data_param
+        self.name = layer.name
+        _warn_deprecated(layer)
+        self.batch_size = positive_batch_size(param.batch_size, layer)
+        self.labels = len(layer.top) == 2
+        path = resolve_input(param.source, base_dir, f"layer {layer.name!r}: data_param.source")
+        order_rng, transform_rng = make_rngs(seed, 2)
+        self.transformer = DataTransformer(
+            layer.transform_param, phase, transform_rng, base_dir=base_dir
+        )
+        self.db = open_db(path, param.backend)
+        try:
+            self._setup(param, phase, order_rng)
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _setup(self, param: caffe_pb2.DataParameter, phase: str, rng: np.random.Generator) -> None:
+        """Infer the top shapes from the first record, then position the reader."""
+        first = next(self.db.items(), None)
+        if first is None:
+            raise DataError(f"{self.db.path}: database is empty")
+        self.item_shape = self._decode(*first)[0].shape
+        out = self.transformer.output_shape(self.item_shape, self._where(first[0]))
+        self._shapes = [(self.batch_size, *out)] + ([(self.batch_size,)] if self.labels else [])
+        self.sampler: Sampler | None = None
+        if param.enable_label_balancing or param.super_boost_probability > 0:
+            self._index(param, rng)
+            return
+        self.cursor = Cursor(self.db)
+        if param.rand_skip and phase == "TRAIN":
+            skip = int(rng.integers(0, param.rand_skip))
+            log.info("layer %s: skipping first %d data points", self.name, skip)
+            self.cursor.skip(skip)
+
+    def _where(self, key: bytes) -> str:
+        return f"{self.db.path}: record {key.decode(errors='replace')!r}"
+
+    def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
+        datum = parse_datum(value, where=self._where(key))
+        mode = self.transformer.decode_mode
+        return datum_to_array(datum, mode=mode, where=self._where(key)), datum.label
+
+    def _index(self, param: caffe_pb2.DataParameter, rng: np.random.Generator) -> None:
+        """Read every record's label and boost for MyCaffe's random selection."""
+        keys, labels, boosts = [], [], []
+        for key, value in self.db.items():
+            datum = parse_datum(value, where=self._where(key))
+            keys.append(key)
+            labels.append(datum.label)
+            boosts.append(datum.boost)
+        self.keys = keys
+        self.sampler = Sampler(
+            np.array(labels),
+            np.array(boosts),
+            balance_labels=param.enable_label_balancing,
+            super_boost_probability=param.super_boost_probability,
+            rng=rng,
+        )
+
+    def _records(self) -> list[tuple[bytes, bytes]]:
+        if self.sampler is not None:
+            picks = [self.keys[i] for i in self.sampler.draw(self.batch_size)]
+            return [(key, self.db.get(key)) for key in picks]
+        records = []
+        for _ in range(self.batch_size):
+            records.append((self.cursor.key, self.cursor.value))
+            self.cursor.next()
+        return records
+
+    def top_shapes(self) -> list[tuple[int, ...]]:
+        return list(self._shapes)
+
+    def next_batch(self) -> list[np.ndarray]:
+        items, labels = [], []
+        for key, value in self._records():
+            array, label = self._decode(key, value)
+            if array.shape != self.item_shape:
+                raise DataError(
+                    f"{self._where(key)}: shape {array.shape} differs from the first "
+                    f"record's {self.item_shape} (a batch has one shape)"
+                )
+            items.append(array)
+            labels.append(label)
+        data = self.transformer(np.stack(items))
+        return [data, np.asarray(labels, dtype=np.float32)] if self.labels else [data]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class ImageDataSource(DataSource):
+    """Caffe's ``ImageData`` layer: image files named by a list file."""
+
+    def __init__(
+        self,
+        layer: caffe_pb2.LayerParameter,
+        phase: str,
+        *,
+        base_dir: Path | None = None,
+        seed: int | None = None,
+    ) -> None:
+        _check_tops(layer, (2,))
+        param = layer.image_data_param
+        self.name = layer.name
+        self.batch_size = positive_batch_size(param.batch_size, layer)
+        if (param.new_height > 0) != (param.new_width > 0):
+            raise DataError(
+                f"layer {layer.name!r}: new_height and new_width must be set at the same time"
+            )
+        self.size = (int(param.new_height), int(param.new_width))
+        self.is_color = bool(param.is_color)
+        self.root, self.base_dir, self.shuffle = param.root_folder, base_dir, param.shuffle
+        where = f"layer {layer.name!r}: image_data_param.source"
+        self.list_path = resolve_input(param.source, base_dir, where)
+        self.lines = parse_list_file(self.list_path)
+        self.rng, transform_rng = make_rngs(seed, 2)
+        self.transformer = DataTransformer(
+            layer.transform_param, check_phase(phase), transform_rng, base_dir=base_dir
+        )
+        if self.shuffle:
+            self._shuffle()
+        self.pos = 0
+        if param.rand_skip:
+            self.pos = int(self.rng.integers(0, param.rand_skip))
+            if self.pos >= len(self.lines):
+                raise DataError(f"{self.list_path}: not enough images to skip {self.pos}")
+        self.item_shape = self._read(self.lines[self.pos]).shape
+        out = self.transformer.output_shape(self.item_shape, str(self.list_path))
+        self._shapes = [(self.batch_size, *out), (self.batch_size,)]
+
+    def _shuffle(self) -> None:
+        self.lines = [self.lines[i] for i in self.rng.permutation(len(self.lines))]
+
+    def _read(self, entry: ListEntry) -> np.ndarray:
+        where = f"{self.list_path}:{entry.line}: image"
+        path = resolve_input(self.root + entry.path, self.base_dir, where)
+        height, width = self.size
+        return read_image(path, height=height, width=width, is_color=self.is_color)
+
+    def top_shapes(self) -> list[tuple[int, ...]]:
+        return list(self._shapes)
+
+    def next_batch(self) -> list[np.ndarray]:
+        items, labels = [], []
+        for _ in range(self.batch_size):
+            entry = self.lines[self.pos]
+            image = self._read(entry)
+            if image.shape != self.item_shape:
+                raise DataError(
+                    f"{self.list_path}:{entry.line}: image {entry.path} has shape {image.shape}, "
+                    f"the first {self.item_shape} (set new_height/new_width)"
+                )
+            items.append(image)
+            labels.append(entry.label)
+            self.pos += 1
+            if self.pos >= len(self.lines):
+                log.debug("%s: restarting data prefetching from start", self.list_path)
+                self.pos = 0
+                if self.shuffle:
+                    self._shuffle()
+        return [self.transformer(np.stack(items)), np.asarray(labels, dtype=np.float32)]
+
+    def close(self) -> None:
+        """Nothing stays open between batches."""
+
+
+def make_source(
+    layer: caffe_pb2.LayerParameter,
+    phase: str,
+    *,
+    base_dir: Path | None = None,
+    seed: int | None = None,
+) -> DataSource:
+    """The host-side source of a data layer (Data, ImageData or HDF5Data)."""
+    from caffe2jax.runtime.data.hdf5 import HDF5DataSource
+
+    kinds = {"Data": DataLayerSource, "ImageData": ImageDataSource, "HDF5Data": HDF5DataSource}
+    if layer.type in kinds:
+        return kinds[layer.type](layer, phase, base_dir=base_dir, seed=seed)
+    if layer.type == "HDF5Output":
+        raise DataError(f"layer {layer.name!r}: HDF5Output is a sink (use make_sink)")
+    supported = ", ".join(SUPPORTED)
+    if layer.type == "WindowData":
+        raise DataError(
+            f"layer {layer.name!r}: WindowData is not supported (supported data layers: "
+            f"{supported}; HDF5Output as a sink)"
+        )
+    raise DataError(f"layer {layer.name!r}: {layer.type!r} is not a data layer ({supported})")

@@ -1,0 +1,115 @@
+"""Feeding a net's data layers on the host: MemoryData arrays and the data pipeline's sources.
+
+Input layers are fed by the caller. MemoryData takes ``batch_size`` rows per forward from the
+arrays given to ``set_input_arrays``, wrapping, as Caffe's MemoryDataLayer::Reset/Forward do.
+Data, ImageData, HDF5Data and WindowData read through ``caffe2jax.runtime.data``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from caffe2jax import ir
+from caffe2jax.errors import DataError
+
+PIPELINE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+
+
+class MemoryData:
+    """Caffe's MemoryDataLayer: cycles through user arrays ``batch_size`` rows at a time."""
+
+    def __init__(self, layer: ir.Layer):
+        p = layer.param.memory_data_param
+        self.layer = layer
+        self.batch_size = p.batch_size
+        self.shape = (p.channels, p.height, p.width)
+        self.data: np.ndarray | None = None
+        self.labels: np.ndarray | None = None
+        self.pos = 0
+
+    def top_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.batch_size, *self.shape), (self.batch_size,)]
+
+    def reset(self, data: np.ndarray, labels: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, np.float32)
+        labels = np.ascontiguousarray(labels, np.float32).reshape(len(labels), -1)[:, 0]
+        name = self.layer.name
+        if data.ndim != 4 or data.shape[1:] != self.shape:
+            raise DataError(
+                f"MemoryData layer '{name}': data must be (N, {', '.join(map(str, self.shape))}), "
+                f"got {list(data.shape)}"
+            )
+        if len(labels) != len(data):
+            raise DataError(
+                f"MemoryData layer '{name}': {len(data)} data rows but {len(labels)} labels"
+            )
+        if len(data) % self.batch_size:
+            raise DataError(
+                f"MemoryData layer '{name}': the number of rows ({len(data)}) must be a "
+                f"multiple of batch_size ({self.batch_size})"
+            )
+        self.data, self.labels, self.pos = data, labels, 0
+
+    def next_batch(self) -> list[np.ndarray]:
+        if self.data is None:
+            raise DataError(
+                f"MemoryData layer '{self.layer.name}' has no data: call "
+                "set_input_arrays(data, labels) first"
+            )
+        rows = slice(self.pos, self.pos + self.batch_size)
+        self.pos = (self.pos + self.batch_size) % len(self.data)
+        return [self.data[rows], self.labels[rows]]
+
+    def skip(self, batches: int) -> None:
+        """Advance as if ``batches`` forwards had run (resuming a run at an iteration)."""
+        if self.data is not None:
+            self.pos = (self.pos + batches * self.batch_size) % len(self.data)
+
+
+class Feeder:
+    """All host-fed data layers of one net: shapes for compiling, batches for each forward."""
+
+    def __init__(self, net: ir.Net, base_dir: Path | None = None, seed: int | None = None):
+        self.sources: dict[str, object] = {}
+        self.layers: dict[str, ir.Layer] = {}
+        for layer in net.layers:
+            if layer.type == "MemoryData":
+                self.sources[layer.name] = MemoryData(layer)
+            elif layer.type in PIPELINE_TYPES:
+                from caffe2jax.runtime.data import make_source
+
+                self.sources[layer.name] = make_source(
+                    layer.param, net.phase, base_dir=base_dir, seed=seed
+                )
+            else:
+                continue
+            self.layers[layer.name] = layer
+
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {}
+        for name, source in self.sources.items():
+            shapes.update(zip(self.layers[name].top_names, source.top_shapes()))
+        return shapes
+
+    def next_batches(self) -> dict[str, np.ndarray]:
+        batches = {}
+        for name, source in self.sources.items():
+            batches.update(zip(self.layers[name].top_names, source.next_batch()))
+        return batches
+
+    def memory_layers(self) -> list[MemoryData]:
+        return [s for s in self.sources.values() if isinstance(s, MemoryData)]
+
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        layers = self.memory_layers()
+        if not layers:
+            raise DataError("set_input_arrays needs a MemoryData layer; this net has none")
+        layers[0].reset(data, labels)
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()

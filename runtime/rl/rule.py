@@ -1,0 +1,90 @@
+"""MyCaffe's policy-gradient learning rule as pure, jittable functions.
+
+Every array is time-major: ``(T, B, ...)`` for ``B`` episodes padded to ``T`` steps, with a
+``mask`` that is 1 on an episode's real steps and 0 after it ended.
+
+Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs`` and
+``pg.simple/TrainerPG.cs``; the MyCaffe paper, Brown 2018, arXiv:1810.02272):
+
+* ``GetDiscountedRewards``: ``running = running·gamma + r_t`` backwards in time from the
+  episode's last step (gamma defaults to 0.99; the Pong-only ``AllowDiscountReset`` is not
+  reproduced);
+* ``SetDiscountedR`` / ``Blob.NormalizeData``: per episode, subtract the mean and divide by the
+  standard deviation; MyCaffe's ``Blob.std`` is the population one (÷T) and a zero std skips
+  the division (``population=False`` gives the sample std, ÷(T−1));
+* the initial gradient: Sigmoid ``Dlogps = (action == 0 ? 1 : 0) − Aprob`` negated ("invert
+  for ApplyUpdate subtracts the gradients"), i.e. ``Aprob − (action == 0)``; Softmax the
+  SoftmaxCrossEntropyLoss backward on MemoryLoss's bottom, ``softmax(bottom) − onehot(action)``
+  (no normalisation); both multiplied by the standardised discounted reward — so Caffe's
+  ``w −= lr·diff`` raises the probability of actions followed by above-average returns;
+* MemoryLoss's backward then scales the diff by ``loss_weight / normalizer`` (see
+  :mod:`caffe2jax.lowering.memory_loss`; by default the normaliser is the episode length);
+* the parameter diffs of ``batch_size`` episodes are summed before one ``ApplyUpdate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from caffe2jax.lowering.graph import Params
+
+
+def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax.Array:
+    """``R_t = r_t + gamma·R_{t+1}`` within each episode (zero on padded steps)."""
+
+    def back(running: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
+        r, m = step
+        running = (running * gamma + r) * m
+        return running, running
+
+    _, out = lax.scan(back, jnp.zeros(rewards.shape[1:], rewards.dtype), (rewards, mask),
+                      reverse=True)  # fmt: skip
+    return out
+
+
+def standardize(returns: jax.Array, mask: jax.Array, population: bool = True) -> jax.Array:
+    """Per episode (axis 0): ``(R − mean) / std``; a zero std leaves ``R − mean``."""
+    n = jnp.sum(mask, axis=0)
+    mean = jnp.sum(returns * mask, axis=0) / jnp.maximum(n, 1)
+    centred = (returns - mean) * mask
+    ddof = 0 if population else 1
+    var = jnp.sum(centred * centred, axis=0) / jnp.maximum(n - ddof, 1)
+    std = jnp.where(n > ddof, jnp.sqrt(var), 0.0)
+    safe = jnp.where(std != 0, std, 1.0)
+    return centred / safe
+
+
+def sigmoid_diff(aprob: jax.Array, actions: jax.Array, advantage: jax.Array) -> jax.Array:
+    """MemoryLoss bottom diff of a Sigmoid policy: ``−((a == 0) − Aprob) · R̂``, shape (T, B, 1)."""
+    dlogps = (actions == 0).astype(aprob.dtype) - aprob
+    return (-dlogps * advantage)[..., None]
+
+
+def softmax_diff(bottom: jax.Array, actions: jax.Array, advantage: jax.Array) -> jax.Array:
+    """MemoryLoss bottom diff of a Softmax policy: ``(softmax(bottom) − onehot(a)) · R̂``."""
+    onehot = jax.nn.one_hot(actions, bottom.shape[-1], dtype=bottom.dtype)
+    return (jax.nn.softmax(bottom, axis=-1) - onehot) * advantage[..., None]
+
+
+def loss_scale(
+    mask: jax.Array, loss_weight: float, per_step: int, by_length: bool
+) -> jax.Array:
+    """MemoryLoss backward's ``loss_weight / normalizer`` per episode, shape (B,)."""
+    if not by_length:
+        return jnp.full(mask.shape[1:], loss_weight, mask.dtype)
+    lengths = jnp.sum(mask, axis=0)
+    return loss_weight / jnp.maximum(per_step * lengths, 1.0)
+
+
+def param_grads(
+    bottom_fn: Callable[[Params], jax.Array], params: Params, diff: jax.Array
+) -> Params:
+    """Back-propagate ``diff`` (MemoryLoss bottom's diff for every row) into the params: the
+    vector-Jacobian product, i.e. Caffe's Backward summed over all rows."""
+    _, vjp = jax.vjp(bottom_fn, params)
+    (grads,) = vjp(diff)
+    return grads

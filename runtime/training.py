@@ -1,0 +1,136 @@
+"""The jitted training step: iter_size forward/backward passes and one Caffe update, one XLA
+program.
+
+Caffe's learnable params include blobs a forward updates (BatchNorm's statistics, with
+``lr_mult`` forced to 0): its solver keeps history for them and regularizes them, though their
+update is always zero. So the optimizer here runs over *all* owned blobs — params and state
+merged in Caffe's blob order — with zero gradients for the state blobs, which reproduces
+Caffe's solverstate history exactly; only the param slots take the update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from caffe2jax.api import Model
+from caffe2jax.lowering.graph import Params
+from caffe2jax.runtime.solvers import caffe_solver
+
+
+def merge(params: Params, state: Params) -> Params:
+    """One tree holding every owned blob: param slots from ``params``, state slots from
+    ``state`` (shared slots stay None)."""
+    out = {}
+    for name in dict.fromkeys([*params, *state]):
+        p, s = params.get(name), state.get(name)
+        blobs = p if p is not None else s
+        out[name] = [
+            (p[j] if p is not None and p[j] is not None else (s[j] if s is not None else None))
+            for j in range(len(blobs))
+        ]
+    return out
+
+
+def split(merged: Params, like_params: Params) -> Params:
+    """The param slots of ``merged`` in the structure of ``like_params``."""
+    return {
+        name: [merged[name][j] if v is not None else None for j, v in enumerate(blobs)]
+        for name, blobs in like_params.items()
+    }
+
+
+def learnable_order(model: Model) -> list[tuple[str, int]]:
+    """Caffe's learnable_params_ order: owned blobs by layer, then blob index."""
+    graph = model.graph
+    return [
+        (layer.name, j)
+        for layer in model.net.layers
+        for j in range(len(graph.decls.get(layer.name, [])))
+        if (layer.name, j) not in graph.shared
+    ]
+
+
+def multipliers(model: Model, merged: Params) -> tuple[Params, Params]:
+    """lr_mult and decay_mult trees for ``merged`` (state blobs: lr_mult 0, as BatchNorm sets)."""
+    graph = model.graph
+    lr, decay = {}, {}
+    for name, blobs in merged.items():
+        layer = model.net.layer(name)
+        decls = graph.decls[name]
+        lr[name] = [
+            None if b is None else (0.0 if decls[j].state else layer.spec(j).lr_mult)
+            for j, b in enumerate(blobs)
+        ]
+        decay[name] = [None if b is None else layer.spec(j).decay_mult for j, b in enumerate(blobs)]
+    return lr, decay
+
+
+class Trainer:
+    """Builds the solver transformation and the jitted step for one train Model."""
+
+    def __init__(self, model: Model, solver_param: Any, params: Params, state: Params):
+        self.model = model
+        self.solver_param = solver_param
+        self.iter_size = max(1, solver_param.iter_size)
+        merged = merge(params, state)
+        lr_mult, decay_mult = multipliers(model, merged)
+        self.tx = caffe_solver(solver_param, lr_mult, decay_mult)
+        self.order = learnable_order(model)
+        self.traces = 0
+        # Only the optimizer state is donated: params and state may still be referenced by
+        # pycaffe Blobs (solver.net.params, test nets) after the step.
+        self._step = jax.jit(self._make_step(), donate_argnums=(2,))
+
+    def init(self, params: Params, state: Params) -> Any:
+        return self.own_buffers(self.tx.init(merge(params, state)))
+
+    @staticmethod
+    def own_buffers(opt_state: Any) -> Any:
+        """A copy of ``opt_state`` whose every leaf has its own buffer: the step donates the
+        optimizer state, and XLA refuses to donate one buffer twice."""
+        return jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
+
+    def _make_step(self) -> Callable:
+        model, tx, iter_size = self.model, self.tx, self.iter_size
+        outputs = model.net.outputs
+        names = model.net.blob_names
+
+        def grads_of(params, state, inputs, rng):
+            (loss, (blobs, state)), grads = jax.value_and_grad(model.loss, has_aux=True)(
+                params, state, inputs, rng
+            )
+            return grads, state, loss, {o: blobs[names[o]] for o in outputs}
+
+        def step(params, state, opt_state, batches, rng):
+            """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate."""
+            self.traces += 1
+
+            def one(carry, xs):
+                grads, state = carry
+                batch, k = xs
+                g, state, loss, outs = grads_of(params, state, batch, jax.random.fold_in(rng, k))
+                grads = jax.tree.map(jnp.add, grads, g)
+                return (grads, state), (loss, outs)
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            ks = jnp.arange(iter_size)
+            (grads, state), (losses, outs) = lax.scan(one, (zeros, state), (batches, ks))
+            merged = merge(params, state)
+            merged_grads = merge(grads, jax.tree.map(jnp.zeros_like, state))
+            updates, opt_state = tx.update(merged_grads, opt_state, merged)
+            params = split(optax.apply_updates(merged, updates), params)
+            last = jax.tree.map(lambda x: x[-1], outs)
+            return params, state, opt_state, jnp.mean(losses), last
+
+        return step
+
+    def step(self, params, state, opt_state, batches, rng):
+        """Run the compiled step; ``batches`` maps input names to arrays with a leading
+        iter_size axis."""
+        return self._step(params, state, opt_state, batches, rng)

@@ -1,0 +1,148 @@
+"""Caffe's HDF5 weights (``.caffemodel.h5``): Net::ToHDF5 and Net::CopyTrainedLayersFromHDF5.
+
+Layout (BVLC src/caffe/net.cpp, util/hdf5.cpp): a group ``data`` holding one group per layer of
+the initialized net (Split layers and layers without blobs included, so possibly empty), and in
+it one float32 dataset per blob named by its index, ``"0"``, ``"1"``, ... Only blobs that own
+their storage are written: a blob shared from another layer (``param { name }``) is left out.
+No ``diff`` group is written (``write_diff`` false, as in snapshots and ``net.save_hdf5``).
+
+Loading visits the source layers in HDF5's name order (``H5Gget_objinfo_by_idx`` over the name
+index) and copies each into the *last* net layer of that name (``layer_names_index_``). A layer
+group may have fewer datasets than the target has blobs only where the missing ones are shared
+ones; shapes must match exactly (``hdf5_load_nd_dataset`` with ``reshape`` false), float or
+integer data is accepted and cast.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import h5py
+import numpy as np
+
+from caffe2jax.errors import WeightsError
+from caffe2jax.runtime.blob import RawBlob, aligned_empty
+
+if TYPE_CHECKING:
+    from caffe2jax.runtime.weights import Target
+
+MAGIC = b"\x89HDF\r\n\x1a\n"
+
+BlobSource = tuple[int, Callable[[], Any]]  # (dataset index, get the blob's values in shape)
+
+
+def is_hdf5(path: str | os.PathLike) -> bool:
+    """HDF5 by its signature: at byte 0, or after a user block (512, 1024, 2048, ... bytes)."""
+    with open(path, "rb") as handle:
+        if handle.read(len(MAGIC)) == MAGIC:
+            return True
+    return bool(h5py.is_hdf5(os.fspath(path)))
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[h5py.Group]:
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as err:
+        raise WeightsError(f"{path}: cannot read HDF5 weights ({err})") from None
+    with handle:
+        data = handle.get("data")
+        if not isinstance(data, h5py.Group):
+            raise WeightsError(f"{path}: HDF5 file without a 'data' group: not Caffe weights")
+        yield data
+
+
+def _datasets(path: Path, group: Any, name: str) -> dict[int, h5py.Dataset]:
+    if not isinstance(group, h5py.Group):
+        raise WeightsError(f"{path}: data/{name} is not a group: not Caffe weights")
+    out = {}
+    for key, item in group.items():
+        if not (key.isdigit() and isinstance(item, h5py.Dataset)):
+            raise WeightsError(f"{path}: data/{name}/{key} is not a blob dataset named by index")
+        out[int(key)] = item
+    return out
+
+
+def _raw(path: Path, layer: str, index: int, dataset: h5py.Dataset) -> RawBlob:
+    if dataset.dtype.kind not in "fiu":
+        raise WeightsError(
+            f"{path}: layer '{layer}' blob {index} holds {dataset.dtype}, not numbers"
+        )
+    values = aligned_empty(dataset.size, dataset.dtype.newbyteorder("="))
+    if values.size:
+        dataset.read_direct(values.reshape(dataset.shape))
+    return RawBlob(tuple(int(d) for d in dataset.shape), False, values)
+
+
+def copy_from_hdf5(path: Path, target: Target) -> None:
+    """Net::CopyTrainedLayersFromHDF5 into ``target``."""
+    with _open(path) as data:
+        for name in sorted(data.keys(), key=lambda s: s.encode("utf-8")):
+            key = target.find(name, last=True)
+            if key is None:
+                target.ignored(name)
+                continue
+            blobs = _datasets(path, data[name], name)
+            count = target.blob_count(key)
+            if len(blobs) > count:
+                target.count_mismatch(key, len(blobs), "")
+            for j in range(count):
+                if j not in blobs:
+                    if target.is_shared(key, j):
+                        continue
+                    target.count_mismatch(key, len(blobs), "")
+                target.put(key, j, _raw(path, name, j, blobs[j]), exact=True)
+
+
+@contextmanager
+def open_raw(path: Path) -> Iterator[list[tuple[str, list[tuple[tuple[int, ...], Callable]]]]]:
+    """Every layer group with its blobs as ``(shape, get values)``, read when asked (for
+    converting without a net). Valid inside the ``with`` block."""
+    with _open(path) as data:
+        layers = []
+        for name in sorted(data.keys(), key=lambda s: s.encode("utf-8")):
+            blobs = _datasets(path, data[name], name)
+            if sorted(blobs) != list(range(len(blobs))):
+                raise WeightsError(f"{path}: layer '{name}' has blob datasets {sorted(blobs)}")
+            layers.append((name, [_lazy(path, name, j, blobs[j]) for j in range(len(blobs))]))
+        yield layers
+
+
+def _lazy(path: Path, name: str, j: int, dataset: h5py.Dataset) -> tuple[tuple[int, ...], Callable]:
+    shape = tuple(int(d) for d in dataset.shape)
+    return shape, lambda: _raw(path, name, j, dataset).values.reshape(shape)
+
+
+def temp_beside(path: Path) -> Path:
+    """A fresh hidden temporary name in ``path``'s folder, for writing then renaming."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def write_hdf5(path: Path, layers: Iterable[tuple[str, Sequence[BlobSource]]]) -> None:
+    """Net::ToHDF5(filename, write_diff=false), written to a temporary file and renamed."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise WeightsError(f"{path.parent}: no such directory")
+    tmp = temp_beside(path)
+    try:
+        with h5py.File(tmp, "w-", libver="earliest", track_order=False) as handle:
+            data = handle.create_group("data")
+            for name, blobs in layers:
+                if name in data:
+                    raise WeightsError(
+                        f"two layers are named '{name}': Caffe's HDF5 weights cannot hold both"
+                    )
+                group = data.create_group(name)
+                for index, get in blobs:
+                    group.create_dataset(str(index), data=np.asarray(get(), dtype="<f4"))
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

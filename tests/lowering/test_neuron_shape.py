@@ -1,0 +1,463 @@
+"""Neuron and shape layers beyond the golden cases: Caffe's backward rules at kinks, Dropout's
+statistics, Reshape's inference rules, the static-shape Filter, and compile-time errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from caffe2jax.api import compile as compile_net
+from caffe2jax.errors import NetError
+from tests.golden import GOLDEN, load_npz
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def one_layer(body: str, inputs: dict[str, tuple[int, ...]], phase: str = "TEST"):
+    """A net: one Input layer with ``inputs`` then the layer ``body`` (named "layer")."""
+    tops = "".join(f'  top: "{name}"\n' for name in inputs)
+    shapes = "".join(
+        "    shape { " + " ".join(f"dim: {d}" for d in shape) + " }\n" for shape in inputs.values()
+    )
+    text = (
+        "force_backward: true\n"
+        f'layer {{\n  name: "input"\n  type: "Input"\n{tops}  input_param {{\n{shapes}  }}\n}}\n'
+        f'layer {{\n  name: "layer"\n{body}\n}}\n'
+    )
+    return compile_net(text, phase=phase)
+
+
+def forward(model, inputs, params=None, rng=None):
+    if params is None:
+        params, _ = model.init(0)
+    _, state = model.init(0)
+    blobs, _ = model.apply(params, state, inputs, rng)
+    return blobs
+
+
+def input_grad(model, inputs, top, cotangent, params=None, rng=None):
+    """The diffs Caffe's backward leaves in the inputs for ``cotangent`` on ``top``."""
+    if params is None:
+        params, _ = model.init(0)
+    _, state = model.init(0)
+
+    def f(inputs):
+        return model.apply(params, state, inputs, rng)[0][top]
+
+    _, vjp = jax.vjp(f, {k: jnp.asarray(v) for k, v in inputs.items()})
+    return vjp(jnp.asarray(cotangent, jnp.float32))[0]
+
+
+def neuron(type_and_params: str, x) -> tuple[np.ndarray, np.ndarray]:
+    """(y, dy/dx with a cotangent of ones) of a neuron layer at the points ``x``."""
+    x = np.asarray(x, np.float32)
+    model = one_layer(f'  type: {type_and_params}\n  bottom: "x"\n  top: "y"', {"x": x.shape})
+    y = forward(model, {"x": x})["y"]
+    dx = input_grad(model, {"x": x}, "y", np.ones_like(x))["x"]
+    return np.asarray(y), np.asarray(dx)
+
+
+# -- Caffe's backward at the kinks --------------------------------------------------------
+
+
+def test_relu_kink_takes_the_slope_side():
+    _, dx = neuron('"ReLU"', [-1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 1.0])
+    y, dx = neuron('"ReLU" relu_param { negative_slope: 0.1 }', [-2.0, 0.0, 3.0])
+    np.testing.assert_allclose(y, [-0.2, 0.0, 3.0], rtol=1e-7)
+    np.testing.assert_allclose(dx, [0.1, 0.1, 1.0], rtol=1e-7)
+
+
+def test_clip_passes_the_gradient_on_the_closed_interval():
+    y, dx = neuron('"Clip" clip_param { min: -0.5 max: 0.7 }', [-1.0, -0.5, 0.0, 0.7, 2.0])
+    np.testing.assert_allclose(y, [-0.5, -0.5, 0.0, 0.7, 0.7], rtol=1e-7)
+    np.testing.assert_array_equal(dx, [0.0, 1.0, 1.0, 1.0, 0.0])
+
+
+def test_clip_with_min_above_max_is_min_everywhere_with_no_gradient():
+    y, dx = neuron('"Clip" clip_param { min: 1 max: -1 }', [-2.0, 0.0, 2.0])
+    np.testing.assert_array_equal(y, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 0.0])
+
+
+def test_absval_gradient_is_sign_with_zero_at_zero():
+    y, dx = neuron('"AbsVal"', [-2.0, 0.0, 3.0])
+    np.testing.assert_array_equal(y, [2.0, 0.0, 3.0])
+    np.testing.assert_array_equal(dx, [-1.0, 0.0, 1.0])
+
+
+def test_elu_kink_takes_alpha_and_large_negatives_stay_finite():
+    y, dx = neuron('"ELU" elu_param { alpha: 0.5 }', [-200.0, 0.0, 1.0, 100.0])
+    np.testing.assert_allclose(y, [-0.5, 0.0, 1.0, 100.0], rtol=1e-7)
+    np.testing.assert_allclose(dx, [0.0, 0.5, 1.0, 1.0], rtol=1e-7)
+
+
+def test_prelu_kink_and_slope_gradient():
+    x = np.array([[-2.0, 0.0], [3.0, -1.0]], np.float32)  # (N=2, C=2)
+    model = one_layer('  type: "PReLU"\n  bottom: "x"\n  top: "y"', {"x": x.shape})
+    params, state = model.init(0)
+    np.testing.assert_array_equal(params["layer"][0], [0.25, 0.25])  # Caffe's default filler
+
+    def f(params, x):
+        return model.apply(params, state, {"x": x})[0]["y"]
+
+    y, vjp = jax.vjp(f, params, jnp.asarray(x))
+    np.testing.assert_allclose(y, [[-0.5, 0.0], [3.0, -0.25]], rtol=1e-7)
+    dparams, dx = vjp(jnp.ones_like(y))
+    np.testing.assert_allclose(dx, [[0.25, 0.25], [1.0, 0.25]], rtol=1e-7)
+    # da_c = Σ dy·x·(x ≤ 0): channel 0 sees -2, channel 1 sees 0 and -1.
+    np.testing.assert_allclose(dparams["layer"][0], [-2.0, -1.0], rtol=1e-7)
+
+
+def test_prelu_shared_slope_is_a_0d_blob():
+    model = one_layer(
+        '  type: "PReLU"\n  bottom: "x"\n  top: "y"\n  prelu_param { channel_shared: true }',
+        {"x": (2, 3, 4)},
+    )
+    assert model.graph.decls["layer"][0].shape == ()
+
+
+def test_power_special_cases_have_caffes_gradients():
+    x = [-2.0, 0.0, 1.5]
+    y, dx = neuron('"Power" power_param { power: 0 scale: 3 shift: 0 }', x)
+    np.testing.assert_array_equal(y, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 0.0])  # no 0·inf at a zero base
+    y, dx = neuron('"Power" power_param { power: 3 scale: 1 shift: 0 }', x)
+    np.testing.assert_allclose(y, [-8.0, 0.0, 3.375], rtol=1e-7)  # negative base, integer power
+    np.testing.assert_allclose(dx, [12.0, 0.0, 6.75], rtol=1e-7)
+    y, dx = neuron('"Power" power_param { power: 2 scale: 0 shift: 3 }', x)
+    np.testing.assert_array_equal(y, [9.0, 9.0, 9.0])
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 0.0])
+
+
+def test_threshold_is_a_step_with_zero_gradient():
+    y, dx = neuron('"Threshold" threshold_param { threshold: 0.5 }', [0.0, 0.5, 0.6])
+    np.testing.assert_array_equal(y, [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("type_", ["Exp", "Log"])
+def test_exp_log_refuse_a_non_positive_base(type_):
+    param = f"{type_.lower()}_param {{ base: -2 }}"
+    with pytest.raises(NetError, match="base must be strictly positive"):
+        neuron(f'"{type_}" {param}', [1.0])
+
+
+def test_log_refuses_base_one():
+    with pytest.raises(NetError, match="base 1"):
+        neuron('"Log" log_param { base: 1 }', [1.0])
+
+
+# -- Dropout -------------------------------------------------------------------------------
+
+
+def dropout_model(phase: str, ratio: float = 0.3, shape=(50, 40, 10)):
+    param = f"dropout_param {{ dropout_ratio: {ratio} }}"
+    body = f'  type: "Dropout"\n  bottom: "x"\n  top: "y"\n  {param}'
+    return one_layer(body, {"x": shape}, phase)
+
+
+def test_dropout_train_keep_rate_scale_and_mask_gradient():
+    ratio = 0.3
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (50, 40, 10)).astype(np.float32)
+    model = dropout_model("TRAIN", ratio)
+    rng = jax.random.key(1)
+    y = np.asarray(forward(model, {"x": x}, rng=rng)["y"])
+    kept = y != 0
+    n = kept.size
+    assert abs(kept.mean() - (1 - ratio)) < 4 * np.sqrt(ratio * (1 - ratio) / n)
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - ratio), rtol=1e-6)
+    dy = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
+    dx = np.asarray(input_grad(model, {"x": x}, "y", dy, rng=rng)["x"])
+    np.testing.assert_allclose(dx, dy * kept / (1 - ratio), rtol=1e-6)
+    other = np.asarray(forward(model, {"x": x}, rng=jax.random.key(2))["y"])
+    assert ((other != 0) != kept).any()  # another key, another mask
+
+
+def test_dropout_test_is_identity_and_needs_no_rng():
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    model = dropout_model("TEST", 0.5, x.shape)
+    np.testing.assert_array_equal(forward(model, {"x": x})["y"], x)
+    np.testing.assert_array_equal(input_grad(model, {"x": x}, "y", np.ones_like(x))["x"], 1.0)
+
+
+def test_dropout_train_without_rng_says_so():
+    model = dropout_model("TRAIN", 0.5, (2, 3))
+    with pytest.raises(NetError, match="rng"):
+        forward(model, {"x": np.ones((2, 3), np.float32)})
+
+
+def test_dropout_ratio_one_is_refused():
+    with pytest.raises(NetError, match="dropout_ratio"):
+        dropout_model("TRAIN", 1.0, (2, 3))
+
+
+# -- Reshape, Flatten, Tile ----------------------------------------------------------------
+
+
+def reshape_model(bottom, dims, axis=None, num_axes=None, top="y"):
+    extra = "" if axis is None else f" axis: {axis}"
+    extra += "" if num_axes is None else f" num_axes: {num_axes}"
+    shape = " ".join(f"dim: {d}" for d in dims)
+    body = (
+        f'  type: "Reshape"\n  bottom: "x"\n  top: "{top}"\n'
+        f"  reshape_param {{ shape {{ {shape} }}{extra} }}"
+    )
+    return one_layer(body, {"x": bottom})
+
+
+@pytest.mark.parametrize(
+    ("bottom", "dims", "axis", "num_axes", "top"),
+    [
+        ((2, 3, 4, 5), [0, -1], None, None, (2, 60)),
+        ((2, 3, 4, 5), [-1], None, None, (120,)),
+        ((2, 3, 4, 5), [0, 0, 0, 0], None, None, (2, 3, 4, 5)),
+        ((2, 3, 4, 5), [6, -1, 1], None, None, (6, 20, 1)),
+        ((2, 12, 5), [3, -1], 1, 1, (2, 3, 4, 5)),
+        ((2, 3, 4), [1, 1], -1, 0, (2, 3, 4, 1, 1)),  # axis -1: after the last axis
+        ((2, 3, 4), [1], 0, 0, (1, 2, 3, 4)),  # insert a leading axis
+        ((2, 3, 4), [-1], 1, -1, (2, 12)),
+        ((2, 3, 4), [0, -1], 1, 2, (2, 3, 4)),  # 0 copies the bottom dim at axis + i
+    ],
+)
+def test_reshape_inference(bottom, dims, axis, num_axes, top):
+    model = reshape_model(bottom, dims, axis, num_axes)
+    x = np.arange(np.prod(bottom), dtype=np.float32).reshape(bottom)
+    y = forward(model, {"x": x})["y"]
+    assert y.shape == top
+    np.testing.assert_array_equal(np.ravel(y), np.ravel(x))
+
+
+@pytest.mark.parametrize(
+    ("bottom", "dims", "axis", "num_axes", "message"),
+    [
+        ((2, 3, 4), [-1, -1], None, None, "more than one -1"),
+        ((2, 3, 4), [5, -1], None, None, r"'x' \[2, 3, 4\] count 24 is not divisible"),
+        ((2, 3, 4), [4, 5], None, None, r"does not hold the 24 items of bottom 'x' \[2, 3, 4\]"),
+        ((2, 3), [0, 0, 0], None, None, "no bottom axis to copy"),
+        ((2, 3), [6], 3, None, r"axis 3 is out of range for bottom 'x' \[2, 3\]"),
+        ((2, 3), [6], 1, 2, "out of range"),
+        ((2, 3), [6], None, -2, "num_axes must be >= 0"),
+        ((2, 3), [-3, 2], None, None, "below -1"),
+    ],
+)
+def test_reshape_errors(bottom, dims, axis, num_axes, message):
+    with pytest.raises(NetError, match=message) as err:
+        reshape_model(bottom, dims, axis, num_axes)
+    assert "layer 'layer' (type Reshape)" in str(err.value)
+
+
+@pytest.mark.parametrize("type_", ["Reshape", "Flatten"])
+def test_reshape_and_flatten_refuse_in_place(type_):
+    param = "reshape_param { shape { dim: -1 } }" if type_ == "Reshape" else ""
+    body = f'  type: "{type_}"\n  bottom: "x"\n  top: "x"\n  {param}'
+    with pytest.raises(NetError, match="in-place"):
+        one_layer(body, {"x": (2, 3)})
+
+
+def test_reshape_gradient_is_the_reshaped_top_diff():
+    """Caffe's ReshapeLayer shares the top's diff with the bottom: dx = reshape(dy).
+
+    (The golden reshape* cases record a zero bottom diff: the generator cleared diffs after
+    Caffe had made the two blobs share one buffer, wiping the top diff it had just set.)
+    """
+    arrays, _ = load_npz(GOLDEN / "layers" / "reshape.npz")
+    x, dy = arrays["in__x"], arrays["topdiff__y"]
+    model = reshape_model(x.shape, [0, -1, 5])
+    np.testing.assert_array_equal(forward(model, {"x": x})["y"], arrays["out__y"])
+    np.testing.assert_array_equal(input_grad(model, {"x": x}, "y", dy)["x"], dy.reshape(x.shape))
+
+
+def test_flatten_end_axis_before_axis_is_refused():
+    body = '  type: "Flatten"\n  bottom: "x"\n  top: "y"\n  flatten_param { axis: 2 end_axis: 0 }'
+    with pytest.raises(NetError, match="end_axis 0 comes before axis 2"):
+        one_layer(body, {"x": (2, 3, 4)})
+
+
+def test_tile_repeats_the_whole_block_and_refuses_non_positive_tiles():
+    body = '  type: "Tile"\n  bottom: "x"\n  top: "y"\n  tile_param { axis: 0 tiles: 2 }'
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    y = forward(one_layer(body, {"x": x.shape}), {"x": x})["y"]
+    np.testing.assert_array_equal(y, [[1, 2], [3, 4], [1, 2], [3, 4]])
+    with pytest.raises(NetError, match="tiles must be positive"):
+        one_layer(body.replace("tiles: 2", "tiles: 0"), {"x": x.shape})
+
+
+# -- Concat and Slice errors ---------------------------------------------------------------
+
+
+def test_concat_shape_mismatch_names_blobs_and_shapes():
+    body = '  type: "Concat"\n  bottom: "a"\n  bottom: "b"\n  top: "y"'
+    with pytest.raises(NetError, match=r"'a' \[2, 3, 4\], 'b' \[2, 3, 5\]") as err:
+        one_layer(body, {"a": (2, 3, 4), "b": (2, 3, 5)})
+    assert "except at concat axis 1" in str(err.value)
+    with pytest.raises(NetError, match=r"same number of axes; got 'a' \[2, 3\], 'b' \[2, 3, 1\]"):
+        one_layer(body, {"a": (2, 3), "b": (2, 3, 1)})
+
+
+def test_concat_legacy_concat_dim_and_conflict():
+    body = '  type: "Concat"\n  bottom: "a"\n  bottom: "b"\n  top: "y"\n  concat_param {{ {} }}'
+    a, b = np.zeros((1, 2), np.float32), np.ones((3, 2), np.float32)
+    model = one_layer(body.format("concat_dim: 0"), {"a": a.shape, "b": b.shape})
+    np.testing.assert_array_equal(forward(model, {"a": a, "b": b})["y"], np.concatenate([a, b]))
+    with pytest.raises(NetError, match="either axis or concat_dim"):
+        one_layer(body.format("axis: 0 concat_dim: 0"), {"a": a.shape, "b": b.shape})
+
+
+def slice_model(shape, param, tops=("y0", "y1")):
+    top_lines = "".join(f'  top: "{t}"\n' for t in tops)
+    body = f'  type: "Slice"\n  bottom: "x"\n{top_lines}  slice_param {{ {param} }}'
+    return one_layer(body, {"x": shape})
+
+
+@pytest.mark.parametrize(
+    ("shape", "param", "tops", "message"),
+    [
+        (
+            (2, 5),
+            "axis: 1",
+            ("y0", "y1"),
+            r"2 tops do not evenly divide bottom 'x' \[2, 5\] axis 1",
+        ),
+        ((2, 6), "slice_point: 2 slice_point: 4", ("y0", "y1"), "2 slice_point.* need 3 tops"),
+        ((2, 6), "slice_point: 4 slice_point: 2", ("a", "b", "c"), "must increase strictly"),
+        ((2, 6), "slice_point: 7", ("y0", "y1"), r"within bottom 'x' \[2, 6\] axis 1 \(6\)"),
+        ((3, 2), "axis: 0 slice_dim: 0", ("y0", "y1"), "either axis or slice_dim"),
+        ((3, 2), "slice_dim: 2", ("y0", "y1"), "slice_dim 2 is out of range"),
+    ],
+)
+def test_slice_errors(shape, param, tops, message):
+    with pytest.raises(NetError, match=message):
+        slice_model(shape, param, tops)
+
+
+def test_slice_legacy_slice_dim():
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    blobs = forward(slice_model(x.shape, "slice_dim: 0 slice_point: 1"), {"x": x})
+    np.testing.assert_array_equal(blobs["y0"], x[:1])
+    np.testing.assert_array_equal(blobs["y1"], x[1:])
+
+
+# -- Parameter, Filter, BatchReindex -------------------------------------------------------
+
+
+def test_parameter_gradient_is_the_top_diff():
+    """ParameterLayer shares its blob's diff with the top (the golden ``parameter`` case
+    records zero: its generator cleared param diffs after that sharing)."""
+    text = (
+        "force_backward: true\n"
+        'layer { name: "layer" type: "Parameter" top: "y" parameter_param { shape { dim: 2 } } }'
+    )
+    model = compile_net(text)
+    params, state = model.init(0)
+    np.testing.assert_array_equal(params["layer"][0], [0.0, 0.0])  # Caffe fills nothing
+    dy = jnp.array([1.5, -2.0])
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, state, {})[0]["y"] * dy))(params)
+    np.testing.assert_array_equal(grads["layer"][0], dy)
+
+
+def golden_feed(case):
+    """A golden case fed as the harness does: index inputs as inputs, x/z as Parameter blobs."""
+    arrays, meta = load_npz(GOLDEN / "layers" / f"{case}.npz")
+    model = compile_net(str(arrays["prototxt"]), phase=meta["phase"])
+    params, state = model.init(0)
+    for name in params:
+        params[name][0] = jnp.asarray(arrays[f"in__{name[3:]}"])
+    inputs = {n: arrays[f"in__{n}"] for n in model.inputs}
+    return arrays, model, params, state, inputs
+
+
+def test_filter_pads_to_the_setup_shape_and_matches_caffes_diffs():
+    """Tops keep N rows: the selected items first, in order, then zeros. The diffs equal
+    Caffe's (golden) for Caffe's k-row top diff padded with zeros. (The golden forward is
+    zero: Caffe ran it before the Parameter blobs were fed.)"""
+    arrays, model, params, state, inputs = golden_feed("filter")
+    sel = arrays["in__sel"] != 0
+    k = int(sel.sum())
+
+    def f(params):
+        blobs, _ = model.apply(params, state, inputs)
+        return blobs["fx"], blobs["fz"]
+
+    (fx, fz), vjp = jax.vjp(f, params)
+    for top, data in ((fx, arrays["in__x"]), (fz, arrays["in__z"])):
+        assert top.shape == data.shape
+        np.testing.assert_array_equal(top[:k], data[sel])
+        np.testing.assert_array_equal(top[k:], 0)
+
+    def pad(d):
+        return np.concatenate([d, np.zeros((len(sel) - k,) + d.shape[1:], d.dtype)])
+
+    grads = vjp((pad(arrays["topdiff__fx"]), pad(arrays["topdiff__fz"])))[0]
+    np.testing.assert_array_equal(grads["in_x"][0], arrays["grad__x"])
+    np.testing.assert_array_equal(grads["in_z"][0], arrays["grad__z"])
+
+
+def test_filter_under_jit_and_with_nothing_selected():
+    body = '  type: "Filter"\n  bottom: "x"\n  bottom: "s"\n  top: "y"'
+    model = one_layer(body, {"x": (3, 2), "s": (3, 1)})
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    run = jax.jit(lambda x, s: forward(model, {"x": x, "s": s})["y"])
+    np.testing.assert_array_equal(
+        run(x, np.array([[0], [2], [1]], np.float32)), [x[1], x[2], 0 * x[0]]
+    )
+    np.testing.assert_array_equal(run(x, np.zeros((3, 1), np.float32)), np.zeros_like(x))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "tops", "message"),
+    [
+        ({"x": (3, 2), "s": (3, 2)}, ("y",), r"selector 's' \[3, 2\] must have singleton dims"),
+        ({"x": (4, 2), "s": (3,)}, ("y",), r"bottom 'x' \[4, 2\] must have the selector's first"),
+        ({"x": (3, 2), "s": (3,)}, ("y", "z"), "one top per filtered bottom"),
+    ],
+)
+def test_filter_errors(inputs, tops, message):
+    top_lines = "".join(f'  top: "{t}"\n' for t in tops)
+    body = f'  type: "Filter"\n  bottom: "x"\n  bottom: "s"\n{top_lines}'
+    with pytest.raises(NetError, match=message):
+        one_layer(body, inputs)
+
+
+def test_batch_reindex_gathers_and_scatter_adds():
+    """y[i] = x[idx[i]]; repeated indices accumulate (the golden diff; its forward is zero
+    because Caffe ran it before the Parameter blob was fed)."""
+    arrays, model, params, state, inputs = golden_feed("batch_reindex")
+    x, idx = arrays["in__x"], arrays["in__idx"].astype(int)
+
+    def f(params):
+        return model.apply(params, state, inputs)[0]["y"]
+
+    y, vjp = jax.vjp(f, params)
+    np.testing.assert_array_equal(y, x[idx])
+    (grads,) = vjp(jnp.asarray(arrays["topdiff__y"]))
+    np.testing.assert_allclose(grads["in_x"][0], arrays["grad__x"], rtol=1e-6)
+
+
+def test_batch_reindex_truncates_float_indices_and_marks_invalid_rows():
+    body = '  type: "BatchReindex"\n  bottom: "x"\n  bottom: "i"\n  top: "y"'
+    model = one_layer(body, {"x": (3, 2), "i": (4,)})
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    idx = np.array([2.9, 0.0, 3.0, -0.5], np.float32)
+    y = np.asarray(jax.jit(lambda x, i: forward(model, {"x": x, "i": i})["y"])(x, idx))
+    np.testing.assert_array_equal(y[:2], [x[2], x[0]])
+    assert np.isnan(y[2:]).all()  # Caffe aborts on indices outside [0, N)
+    with pytest.raises(NetError, match="index bottom must be 1-D"):
+        one_layer(body, {"x": (3, 2), "i": (4, 1)})
+
+
+def test_silence_sends_zero_diff_and_split_sums():
+    x = np.ones((2, 3), np.float32)
+    silent = one_layer('  type: "Silence"\n  bottom: "x"', {"x": x.shape})
+    params, state = silent.init(0)
+    grad = jax.grad(lambda x: jnp.sum(silent.apply(params, state, {"x": x})[0]["x"] * 0.0))(x)
+    np.testing.assert_array_equal(grad, 0.0)
+    split = one_layer('  type: "Split"\n  bottom: "x"\n  top: "a"\n  top: "b"', {"x": x.shape})
+
+    def f(x):
+        blobs = split.apply(params, state, {"x": x})[0]
+        return jnp.sum(2 * blobs["a"] + 3 * blobs["b"])
+
+    np.testing.assert_array_equal(jax.grad(f)(x), 5.0)
