@@ -1,34 +1,64 @@
-"""Writing user files safely: atomically (temp file + rename), never clobbering by surprise."""
+"""Writing user files safely: atomically (temp file + rename), never clobbering by surprise.
+
+Every file caffe2jax writes (weights, solver states, mean files, exports, prototxts) goes
+through here: a reader never sees a half-written file, an interrupted write leaves the old
+file (if any) intact and no temp file behind, and new files get the usual 0666 & ~umask mode.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from caffe2jax.errors import CaffeError
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, *, overwrite: bool = True) -> Path:
-    """Write ``data`` to ``path`` through a temp file in the same folder and a rename.
+def temp_beside(path: Path) -> Path:
+    """A fresh hidden temporary name in ``path``'s folder, for writing then renaming."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
-    A reader never sees a half-written file, and an interrupted write leaves the old file (if
-    any) intact. With ``overwrite=False`` an existing file is an error, and nothing is written.
-    """
-    path = Path(path)
+
+def _check(path: Path, overwrite: bool) -> None:
     if not overwrite and path.exists():
         raise CaffeError(f"{path} already exists; not overwriting it")
-    if not path.parent.exists():
+    if not path.parent.is_dir():
         raise CaffeError(f"{path.parent}: no such directory")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
+    """``with atomic_path(p) as tmp``: write the file at ``tmp`` (any library, e.g. h5py); on
+    success it is fsynced and renamed to ``p``, on any error removed."""
+    path = Path(path)
+    _check(path, overwrite)
+    tmp = temp_beside(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_stream(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[BinaryIO]:
+    """``with atomic_stream(p) as f``: a binary file to stream into, renamed to ``p`` at the
+    end (so large files never need to be held in memory whole)."""
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        # O_EXCL: a fresh file of our own; mode 0o666 & ~umask like any ordinary file.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, overwrite: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8 encoded) to ``path`` atomically."""
+    with atomic_stream(path, overwrite=overwrite) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)

@@ -308,9 +308,7 @@ class Net:
         first = self._index(start, 0)
         if first == 0:
             for user, value in self._feeder.next_batches().items():
-                if self.blobs[user].shape != value.shape:
-                    self.blobs[user].reshape(*value.shape)
-                self.blobs[user].data[...] = value
+                self.blobs[user]._set_device(jnp.asarray(value))
         self._reshape_if_needed()
         stop = self._index(end, len(self.layers) - 1) + 1
         params, state = self._trees()

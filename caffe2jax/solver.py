@@ -140,6 +140,7 @@ class Solver:
         self._pending: list[tuple[int, Any]] = []
         self._smoothed = 0.0
         self._start_iter = 0
+        self.stopped = False
         self.on_iteration: Callable[[int], None] | None = None
 
     # -- pycaffe surface ----------------------------------------------------------------------
@@ -151,6 +152,12 @@ class Solver:
         return self._iter
 
     @property
+    def smoothed_loss(self) -> float:
+        """The loss Caffe displays: the mean over the last ``average_loss`` iterations."""
+        self._flush_losses()
+        return self._smoothed
+
+    @property
     def lr(self) -> float:
         return float(solvers.current_lr(self.param, self._opt_state))
 
@@ -160,6 +167,15 @@ class Solver:
 
     def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
         self.net.set_input_arrays(data, labels)
+
+    def copy_trained_layers(self, path: str | os.PathLike) -> None:
+        """Caffe's CopyLayers: load weights into the train net and every test net."""
+        for net in [self.net, *self.test_nets]:
+            net.copy_from(path)
+
+    def request_stop(self) -> None:
+        """Finish the current iteration, then stop (Caffe's SIGINT action "stop")."""
+        self.stopped = True
 
     # -- training -----------------------------------------------------------------------------
 
@@ -272,6 +288,9 @@ class Solver:
         self.step(p.max_iter - self.iter)
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
+        if self.stopped:
+            self.log.info("Optimization stopped early.")
+            return
         if p.display and self.iter % p.display == 0:
             out = self.net.forward()
             loss = float(self.net.model.graph.objective(
@@ -362,9 +381,15 @@ class Solver:
         path = Path(path)
         saved = read_solverstate(path)
         if saved.learned_net:
-            weights = Path(saved.learned_net)
+            # Caffe writes the weights beside the state (same prefix) and records the path it
+            # used, relative to its working directory then: look beside the state first.
+            beside = path.parent / Path(saved.learned_net).name
+            weights = beside if beside.exists() else Path(saved.learned_net)
             if not weights.exists():
-                weights = path.parent / weights.name
+                raise SolverError(
+                    f"{path}: its weights file '{saved.learned_net}' was found neither beside "
+                    "it nor relative to the working directory"
+                )
             params, state = load_weights(weights, self.net.model, *self.net._trees())
             self.net._set_params(params, state)
         params, state = self.net._trees()

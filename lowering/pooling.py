@@ -140,7 +140,9 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op) -> jax.Array:
     """``op``-reduce every window (padding holds ``init``), cropped to Caffe's output size."""
     out = lax.reduce_window(
         x,
-        jnp.asarray(init, x.dtype),
+        # A NumPy scalar stays concrete under jit, so JAX recognises max/add with their
+        # identities as differentiable monoid reductions (a traced init is not).
+        np.asarray(init, x.dtype),
         op,
         (1, 1) + spec.kernel,
         (1, 1) + spec.stride,

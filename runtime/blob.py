@@ -194,8 +194,8 @@ def read_blob(scan: Scanner, start: int, end: int) -> RawBlob:
     for field in scan.fields(start, end):
         if field.number in _LEGACY_FIELDS and field.wire == VARINT:
             legacy[field.number] = signed(field.value)
-        elif field.number == 7 and field.wire == LEN:
-            dims = _shape_dims(scan, field)
+        elif field.number == 7 and field.wire == LEN:  # repeats merge, as protobuf's do
+            dims += _shape_dims(scan, field)
         elif field.number in (5, 8) and field.wire == LEN:
             (data if field.number == 5 else double).append(
                 scan.floats(field, "<f4" if field.number == 5 else "<f8")
@@ -257,11 +257,6 @@ def blob_pieces(array: np.ndarray) -> list[bytes | memoryview]:
         pieces += [tag(5, LEN) + encode_varint(values.nbytes), memoryview(values).cast("B")]
     pieces.append(_shape_field(values.shape))
     return pieces
-
-
-def encode_blob(array: np.ndarray) -> bytes:
-    """The serialized BlobProto body for ``array`` (small blobs; see :func:`blob_pieces`)."""
-    return b"".join(bytes(p) for p in blob_pieces(array))
 
 
 def _count(shape: Sequence[int]) -> int:

@@ -78,10 +78,13 @@ class Feeder:
             if layer.type == "MemoryData":
                 self.sources[layer.name] = MemoryData(layer)
             elif layer.type in PIPELINE_TYPES:
-                from caffe2jax.runtime.data import make_source
+                from caffe2jax.runtime.data import Prefetcher, make_source, prefetch_depth
 
-                self.sources[layer.name] = make_source(
-                    layer.param, net.phase, base_dir=base_dir, seed=seed
+                source = make_source(layer.param, net.phase, base_dir=base_dir, seed=seed)
+                # Caffe's prefetch thread: batches are read, decoded, transformed and copied
+                # to the device while the previous step computes.
+                self.sources[layer.name] = Prefetcher(
+                    source, prefetch_depth(layer.param), to_device=True
                 )
             else:
                 continue

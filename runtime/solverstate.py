@@ -8,7 +8,6 @@ blobs in the learnable-param order (two sets for AdaDelta and Adam).
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import h5py
 import numpy as np
 
 from caffe2jax.errors import WeightsError
-from caffe2jax.fileio import atomic_write
+from caffe2jax.fileio import atomic_path, atomic_write
 from caffe2jax.frontend import caffe_pb2
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -60,20 +59,13 @@ def write_solverstate(path: str | os.PathLike, state: SolverStateFile, hdf5: boo
         )
         msg.history.extend(_blob(h) for h in state.history)
         return atomic_write(path, msg.SerializeToString())
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("iter", data=np.array([state.iter], np.int32))
-            f.create_dataset("learned_net", data=np.bytes_(state.learned_net.encode()))
-            f.create_dataset("current_step", data=np.array([state.current_step], np.int32))
-            group = f.create_group("history")
-            for i, h in enumerate(state.history):
-                group.create_dataset(str(i), data=np.asarray(h, np.float32))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.create_dataset("iter", data=np.array([state.iter], np.int32))
+        f.create_dataset("learned_net", data=np.bytes_(state.learned_net.encode()))
+        f.create_dataset("current_step", data=np.array([state.current_step], np.int32))
+        group = f.create_group("history")
+        for i, h in enumerate(state.history):
+            group.create_dataset(str(i), data=np.asarray(h, np.float32))
     return path
 
 

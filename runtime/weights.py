@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from caffe2jax.errors import WeightsError
+from caffe2jax.fileio import atomic_stream
 from caffe2jax.runtime import weights_hdf5
 from caffe2jax.runtime.blob import RawBlob, Scanner, WireError, read_blob
 from caffe2jax.runtime.weights_binary import (
@@ -35,7 +36,6 @@ from caffe2jax.runtime.weights_binary import (
     read_layers,
     write_net,
 )
-from caffe2jax.runtime.weights_hdf5 import temp_beside
 
 if TYPE_CHECKING:
     from caffe2jax.api import Model
@@ -116,7 +116,8 @@ class Target:
         owner, oj = self.graph.shared.get((key, j), (key, j))
         decl = self.graph.decls[owner][oj]
         tree = self.trees[decl.state]
-        slots = tree.setdefault(owner, [None] * len(self.graph.decls[owner]))
+        slots = tree.setdefault(owner, [])
+        slots += [None] * (len(self.graph.decls[owner]) - len(slots))
         values = raw.values.reshape(decl.shape)
         if values.dtype != self.graph.dtype:
             values = values.astype(self.graph.dtype)
@@ -270,32 +271,3 @@ def save_weights(
             ),
         )
     return path
-
-
-class atomic_stream:  # noqa: N801 - used like open()
-    """``with atomic_stream(path) as f``: write to a temporary file beside ``path``, fsync and
-    rename it over ``path`` on success; remove it on any error (nothing is left behind)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise WeightsError(f"{self.path.parent}: no such directory")
-        self.tmp = temp_beside(self.path)
-
-    def __enter__(self):
-        # O_EXCL: a fresh file of our own; mode 0o666 & ~umask like any file Caffe writes
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self.handle = os.fdopen(fd, "wb")
-        return self.handle
-
-    def __exit__(self, kind, error, trace) -> None:
-        try:
-            if kind is None:
-                self.handle.flush()
-                os.fsync(self.handle.fileno())
-            self.handle.close()
-            if kind is None:
-                os.replace(self.tmp, self.path)
-        finally:
-            if self.tmp.exists():
-                self.tmp.unlink()

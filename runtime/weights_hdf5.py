@@ -16,7 +16,6 @@ integer data is accepted and cast.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ import h5py
 import numpy as np
 
 from caffe2jax.errors import WeightsError
+from caffe2jax.fileio import atomic_path
 from caffe2jax.runtime.blob import RawBlob, aligned_empty
 
 if TYPE_CHECKING:
@@ -118,31 +118,20 @@ def _lazy(path: Path, name: str, j: int, dataset: h5py.Dataset) -> tuple[tuple[i
     return shape, lambda: _raw(path, name, j, dataset).values.reshape(shape)
 
 
-def temp_beside(path: Path) -> Path:
-    """A fresh hidden temporary name in ``path``'s folder, for writing then renaming."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
 def write_hdf5(path: Path, layers: Iterable[tuple[str, Sequence[BlobSource]]]) -> None:
     """Net::ToHDF5(filename, write_diff=false), written to a temporary file and renamed."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise WeightsError(f"{path.parent}: no such directory")
-    tmp = temp_beside(path)
-    try:
-        with h5py.File(tmp, "w-", libver="earliest", track_order=False) as handle:
-            data = handle.create_group("data")
-            for name, blobs in layers:
-                if name in data:
-                    raise WeightsError(
-                        f"two layers are named '{name}': Caffe's HDF5 weights cannot hold both"
-                    )
-                group = data.create_group(name)
-                for index, get in blobs:
-                    group.create_dataset(str(index), data=np.asarray(get(), dtype="<f4"))
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w-", libver="earliest", track_order=False) as f:
+        data = f.create_group("data")
+        for name, blobs in layers:
+            if "/" in name or name in (".", ""):
+                raise WeightsError(
+                    f"layer name '{name}' cannot be an HDF5 group name (Caffe's ToHDF5 "
+                    "fails on it too); save these weights in the binary format"
+                )
+            if name in data:
+                raise WeightsError(
+                    f"two layers are named '{name}': Caffe's HDF5 weights cannot hold both"
+                )
+            group = data.create_group(name)
+            for index, get in blobs:
+                group.create_dataset(str(index), data=np.asarray(get(), dtype="<f4"))

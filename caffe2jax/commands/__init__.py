@@ -6,5 +6,7 @@ COMMANDS: list[str] = [
     "convert_weights",
     "export",
     "summary",
+    "test",
+    "train",
     "upgrade",
 ]

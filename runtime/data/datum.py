@@ -13,14 +13,13 @@ A BlobProto gives its dimensions either as the legacy ``num/channels/height/widt
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from caffe2jax.errors import DataError
+from caffe2jax.fileio import atomic_write
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.runtime.data.image import decode_image
 
@@ -136,23 +135,7 @@ def read_blobproto(path: str | Path) -> np.ndarray:
     return blobproto_to_array(blob, where=str(path))
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would carry over to the file
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_blobproto(path: str | Path, array: np.ndarray, *, legacy: bool | None = None) -> None:
     """Write ``array`` as a ``.binaryproto`` file, atomically (see :func:`array_to_blobproto`
     for ``legacy``)."""
-    write_atomic(path, array_to_blobproto(array, legacy=legacy).SerializeToString())
+    atomic_write(path, array_to_blobproto(array, legacy=legacy).SerializeToString())

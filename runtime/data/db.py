@@ -171,7 +171,7 @@ class Cursor:
         try:
             self._current = next(self._items)
         except StopIteration:
-            log.info("%s: restarting data prefetching from start", self.db.path)
+            log.debug("%s: restarting data prefetching from start", self.db.path)
             self._current = self._first()
 
     def skip(self, count: int) -> None:

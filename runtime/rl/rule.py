@@ -70,9 +70,7 @@ def softmax_diff(bottom: jax.Array, actions: jax.Array, advantage: jax.Array) ->
     return (jax.nn.softmax(bottom, axis=-1) - onehot) * advantage[..., None]
 
 
-def loss_scale(
-    mask: jax.Array, loss_weight: float, per_step: int, by_length: bool
-) -> jax.Array:
+def loss_scale(mask: jax.Array, loss_weight: float, per_step: int, by_length: bool) -> jax.Array:
     """MemoryLoss backward's ``loss_weight / normalizer`` per episode, shape (B,)."""
     if not by_length:
         return jnp.full(mask.shape[1:], loss_weight, mask.dtype)
@@ -81,10 +79,13 @@ def loss_scale(
 
 
 def param_grads(
-    bottom_fn: Callable[[Params], jax.Array], params: Params, diff: jax.Array
+    bottom_fn: Callable[[Params], jax.Array],
+    params: Params,
+    make_diff: Callable[[jax.Array], jax.Array],
 ) -> Params:
-    """Back-propagate ``diff`` (MemoryLoss bottom's diff for every row) into the params: the
-    vector-Jacobian product, i.e. Caffe's Backward summed over all rows."""
-    _, vjp = jax.vjp(bottom_fn, params)
-    (grads,) = vjp(diff)
+    """Back-propagate MemoryLoss's bottom diff into the params: ``make_diff(bottom)`` gives
+    the diff of every row from the bottom's forward values; the vector-Jacobian product of
+    ``bottom_fn`` is Caffe's Backward from that blob, summed over all rows."""
+    bottom, vjp = jax.vjp(bottom_fn, params)
+    (grads,) = vjp(make_diff(bottom))
     return grads

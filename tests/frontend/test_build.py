@@ -109,15 +109,15 @@ def test_need_backward_follows_net_init():
 
 
 def test_frozen_net_needs_no_backward():
-    text = NET.replace('inner_product_param { num_output: 4 }',
-                       'param { lr_mult: 0 } param { lr_mult: 0 } inner_product_param { num_output: 4 }')  # fmt: skip
+    frozen = "param { lr_mult: 0 } param { lr_mult: 0 } inner_product_param { num_output: 4 }"
+    text = NET.replace("inner_product_param { num_output: 4 }", frozen)
     net = _backward(load_net(text, "TRAIN"), {"ip1": 2, "ip2": 2})
     assert not any(b.layer for b in net.backward.values())
 
 
 def test_propagate_down_false_stops_the_branch():
-    text = NET.replace('bottom: "label" top: "loss" }',
-                       'bottom: "label" top: "loss" propagate_down: false propagate_down: false }')  # fmt: skip
+    stopped = 'bottom: "label" top: "loss" propagate_down: false propagate_down: false }'
+    text = NET.replace('bottom: "label" top: "loss" }', stopped)
     net = _backward(load_net(text, "TRAIN"), {"ip1": 2, "ip2": 2})
     assert net.backward["loss"].bottoms == (False, False)
     # Nothing below the loss receives a diff any more, so nothing upstream runs backward.

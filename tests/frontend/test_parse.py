@@ -53,7 +53,7 @@ def test_unknown_layer_parameter(tmp_path):
 
 
 def test_unknown_field_inside_a_parameter_message(tmp_path):
-    message = error_of('layer { convolution_param { num_outputs: 3 } }', tmp_path)
+    message = error_of("layer { convolution_param { num_outputs: 3 } }", tmp_path)
     assert "unknown field 'num_outputs' in ConvolutionParameter" in message
     assert "num_output" in message
 

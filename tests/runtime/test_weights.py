@@ -209,6 +209,26 @@ def test_v1_layers_with_legacy_dims_and_double_data(tmp_path):
     np.testing.assert_array_equal(params["ip2"][0], np.ones((2, 4), np.float32))
 
 
+def test_unpacked_values_and_repeated_packed_chunks(tmp_path):
+    from caffe2jax.runtime.blob import I32, LEN, encode_varint, tag
+
+    def field(number: int, payload: bytes) -> bytes:
+        return tag(number, LEN) + encode_varint(len(payload)) + payload
+
+    shape43 = field(7, field(1, bytes([4, 3])))
+    weights = np.arange(12, dtype="<f4")
+    unpacked = b"".join(tag(5, I32) + v.tobytes() for v in weights)  # one field per float
+    chunks = field(5, np.arange(2, dtype="<f4").tobytes()) + field(
+        5, np.arange(2, 4, dtype="<f4").tobytes()
+    )
+    layer = field(1, b"ip") + field(2, b"InnerProduct")
+    layer += field(7, unpacked + shape43) + field(7, chunks + field(7, field(1, bytes([4]))))
+    (tmp_path / "w.caffemodel").write_bytes(field(100, layer))
+    params, _ = load_weights(tmp_path / "w.caffemodel", caffe2jax.compile(IP_NET))
+    np.testing.assert_array_equal(params["ip"][0], weights.reshape(4, 3))
+    np.testing.assert_array_equal(params["ip"][1], np.arange(4, dtype=np.float32))
+
+
 def write_layers(path: Path, *layers: caffe_pb2.LayerParameter) -> Path:
     net = caffe_pb2.NetParameter(name="n")
     net.layer.extend(layers)

@@ -1,0 +1,48 @@
+"""`caffe2jax test --model M --weights W --iterations N`, like `caffe test`."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from caffe2jax import logs
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("test", help="score a trained net over N batches")
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")
+    p.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
+    p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
+    p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
+    p.add_argument("--level", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from caffe2jax.pycaffe import Net
+
+    log = logs.setup(None)
+    net = Net(args.model, args.phase, level=args.level, stages=args.stage, weights=args.weights)
+    log.info(f"Running for {args.iterations} iterations.")
+    graph, names = net.model.graph, net.model.net.blob_names
+    weights = {u: w for layer in net.model.net.layers
+               for u, w in zip(layer.top_names, layer.loss_weights)}  # fmt: skip
+    sums: dict[str, np.ndarray] = {}
+    loss = 0.0
+    for i in range(args.iterations):
+        out = net.forward()
+        loss += float(graph.objective({names[k]: v for k, v in out.items()}))
+        for name, value in out.items():
+            value = np.atleast_1d(np.asarray(value, np.float64)).ravel()
+            sums[name] = sums.get(name, 0) + value
+            for score in value:
+                log.info(f"Batch {i}, {name} = {score:.6g}")
+    log.info(f"Loss: {loss / max(args.iterations, 1):.6g}")
+    for name, total in sums.items():
+        weight = weights.get(name, 0.0)
+        for score in total / max(args.iterations, 1):
+            extra = f" (* {weight:g} = {weight * score:.6g} loss)" if weight else ""
+            log.info(f"{name} = {score:.6g}{extra}")
+    return 0

@@ -1,0 +1,192 @@
+"""A batch of episodes in one XLA program: ``lax.scan`` over steps, all episodes side by side.
+
+Each of the ``B`` lanes plays one episode from a fresh reset with the same policy params (the
+params MyCaffe holds fixed until ``batch_size`` episodes have been trained). Steps after a
+lane's episode ended are masked out; only the real steps of the ``B`` episodes are counted.
+
+The steps run as a ``lax.scan`` over ``chunk`` steps inside a ``lax.while_loop`` that stops once
+every lane is done, so a batch of 20-step episodes costs 20-odd steps, not the horizon
+(``chunk=0``: one scan over the whole horizon). ``reset_mode="auto"`` restarts a finished lane
+at once (``step_autoreset``) instead of freezing it; the restarted episodes are not learned
+from (MyCaffe trains exactly ``batch_size`` episodes per update, all begun with the same params).
+
+Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs``):
+
+* ``Brain.Preprocess``: with ``difference_input`` the net sees ``s_t − s_prev`` where
+  ``s_prev`` is the observation preprocessed one step before — zero on the very first step;
+  ``m_sdLast`` is never reset, so an episode's first input is its reset observation minus the
+  previous episode's last one (each lane carries its own ``last`` across batches);
+* ``Brain.act``: Sigmoid ``action = u < Aprob ? 0 : 1``; Softmax the first action whose
+  cumulative probability exceeds ``u`` (the last if none), with ``u`` uniform in [0, 1);
+* ``stale_observation`` (``MyCaffe.gym/Gyms/CartPoleGym.cs``, ``Step`` returns the state from
+  before its update): the policy sees the observation one step old (the reset observation on
+  the first two steps); termination still tests the new state;
+* a memory item stores (input, action, Aprob, reward of the step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from caffe2jax.runtime.rl import envs
+from caffe2jax.runtime.rl.policy import SIGMOID
+
+RESET_MODES = ("mask", "auto")
+
+
+class Lanes(NamedTuple):
+    """What each lane carries from one batch to the next: MyCaffe's ``m_sdLast``."""
+
+    last: jax.Array  # (B, obs) float32
+    has_last: jax.Array  # (B,) bool
+
+
+class Trajectory(NamedTuple):
+    """A batch of episodes, time-major ``(T, B, ...)``; ``mask`` is 1 on real steps."""
+
+    x: jax.Array  # net inputs (T, B, obs)
+    actions: jax.Array  # (T, B) int32
+    probs: jax.Array  # (T, B, k): P(action 0) for Sigmoid (k=1), all for Softmax
+    rewards: jax.Array  # (T, B), 0 on masked steps
+    mask: jax.Array  # (T, B) float32
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """Static rollout settings (hashable, part of the jit configuration)."""
+
+    horizon: int
+    chunk: int = 32
+    reset_mode: str = "mask"
+    difference_input: bool = False
+    stale_observation: bool = False
+
+    @property
+    def steps(self) -> int:
+        """Padded trajectory length: the horizon rounded up to whole chunks."""
+        if self.chunk <= 0 or self.chunk >= self.horizon:
+            return self.horizon
+        return -(-self.horizon // self.chunk) * self.chunk
+
+
+def new_lanes(batch: int, obs_size: int) -> Lanes:
+    return Lanes(jnp.zeros((batch, obs_size), jnp.float32), jnp.zeros((batch,), jnp.bool_))
+
+
+def sample(kind: str, probs: jax.Array, u: jax.Array) -> jax.Array:
+    """MyCaffe's ``act`` draw for each row of ``probs`` with uniform ``u``."""
+    if kind == SIGMOID:
+        return jnp.where(u < probs[:, 0], 0, 1).astype(jnp.int32)
+    below = jnp.cumsum(probs, axis=-1) <= u[:, None]
+    return jnp.minimum(jnp.sum(below, axis=-1), probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def preprocess(
+    seen: jax.Array, lanes: Lanes, alive: jax.Array, difference: bool
+) -> tuple[jax.Array, Lanes]:
+    """``Brain.Preprocess``: the raw observation, or its difference to the previous one."""
+    if not difference:
+        return seen, lanes
+    x = jnp.where(lanes.has_last[:, None], seen - lanes.last, 0.0)
+    last = jnp.where(alive[:, None], seen, lanes.last)
+    return x, Lanes(last, lanes.has_last | alive)
+
+
+class _Carry(NamedTuple):
+    env: envs.CartPoleState
+    true_obs: jax.Array
+    seen: jax.Array
+    lanes: Lanes
+    alive: jax.Array
+    t: jax.Array
+
+
+def _step_fn(
+    env: envs.CartPoleParams,
+    opts: RolloutOptions,
+    kind: str,
+    act: Callable[[jax.Array], jax.Array],
+) -> Callable:
+    step_env = jax.vmap(env.step)
+    step_auto = jax.vmap(env.step_autoreset)
+
+    def body(carry: _Carry, xs: tuple[jax.Array, jax.Array]) -> tuple[_Carry, tuple]:
+        u, key = xs
+        x, lanes = preprocess(carry.seen, carry.lanes, carry.alive, opts.difference_input)
+        probs = act(x)
+        action = sample(kind, probs, u)
+        if opts.reset_mode == "auto":
+            tr = step_auto(carry.env, action, jax.random.split(key, action.shape[0]))
+        else:
+            tr = step_env(carry.env, action)
+        alive = carry.alive.astype(jnp.float32)
+        done = tr.done | (carry.t + 1 >= opts.horizon)
+        fresh = tr.obs if opts.reset_mode == "auto" else tr.final_obs
+        seen = carry.true_obs if opts.stale_observation else fresh
+        if opts.stale_observation and opts.reset_mode == "auto":
+            seen = jnp.where(tr.done[:, None], tr.obs, seen)
+        out = (x, action, probs, tr.reward * alive, alive)
+        nxt = _Carry(tr.state, tr.obs, seen, lanes, carry.alive & ~done, carry.t + 1)
+        return nxt, out
+
+    return body
+
+
+def rollout(
+    env: envs.CartPoleParams,
+    opts: RolloutOptions,
+    kind: str,
+    act: Callable[[jax.Array], jax.Array],
+    key: jax.Array,
+    lanes: Lanes,
+) -> tuple[Trajectory, Lanes]:
+    """Play one episode per lane (``B = lanes.last.shape[0]``) with policy ``act``."""
+    batch = lanes.last.shape[0]
+    k_reset, k_u, k_auto = jax.random.split(key, 3)
+    # lax.map, not vmap: XLA:CPU compiles a batched (2-D) threefry draw far more slowly
+    state, obs = lax.map(env.reset, jax.random.split(k_reset, batch))
+    steps = opts.steps
+    # drawn flat: XLA:CPU compiles a 2-D threefry draw many times slower than a 1-D one
+    us = jax.random.uniform(k_u, (steps * batch,), jnp.float32).reshape(steps, batch)
+    keys = jax.random.split(k_auto, steps) if opts.reset_mode == "auto" else jnp.zeros(steps)
+    alive = jnp.ones((batch,), jnp.bool_)
+    carry = _Carry(state, obs, obs, lanes, alive, jnp.zeros((), jnp.int32))
+    body = _step_fn(env, opts, kind, act)
+    if opts.steps == opts.horizon and (opts.chunk <= 0 or opts.chunk >= opts.horizon):
+        carry, out = lax.scan(body, carry, (us, keys))
+    else:
+        carry, out = _chunked(body, carry, (us, keys), opts.chunk)
+    x, actions, probs, rewards, mask = out
+    return Trajectory(x, actions, probs, rewards, mask), carry.lanes
+
+
+def _chunked(body: Callable, carry: _Carry, xs: Any, chunk: int) -> tuple[_Carry, tuple]:
+    """``lax.scan(body, carry, xs)`` in chunks, stopping after the chunk where all lanes died.
+
+    Steps never run stay zero in the outputs (a zero mask)."""
+    steps = jax.tree.leaves(xs)[0].shape[0]
+    n_chunks = steps // chunk
+    shapes = jax.eval_shape(lambda c, x: lax.scan(body, c, x)[1], carry,
+                            jax.tree.map(lambda a: a[:chunk], xs))  # fmt: skip
+    bufs = jax.tree.map(lambda s: jnp.zeros((steps, *s.shape[1:]), s.dtype), shapes)
+
+    def cond(state: tuple) -> jax.Array:
+        i, c, _ = state
+        return (i < n_chunks) & jnp.any(c.alive)
+
+    def loop(state: tuple) -> tuple:
+        i, c, out = state
+        start = i * chunk
+        part = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, chunk), xs)
+        c, got = lax.scan(body, c, part)
+        out = jax.tree.map(lambda b, g: lax.dynamic_update_slice_in_dim(b, g, start, 0), out, got)
+        return i + 1, c, out
+
+    _, carry, out = lax.while_loop(cond, loop, (jnp.zeros((), jnp.int32), carry, bufs))
+    return carry, out

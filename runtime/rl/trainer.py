@@ -1,0 +1,260 @@
+"""MyCaffe's policy-gradient trainer (MyCaffeTrainerRL, ``PG``) as one jitted program per batch.
+
+``PolicyGradientTrainer(solver)`` reads a solver prototxt (its ``net`` and its ``rl_param``),
+compiles the policy net (phase TRAIN) and the solver's update rule (:func:`caffe_solver`), and
+``train_batch`` runs ``batch_size`` episodes, the learning rule of :mod:`.rule` and ONE solver
+update as a single XLA program for the built-in JAX Cart-Poles. A ``gym:<id>`` environment
+runs the same rule with the episodes stepped from a host loop (:class:`.gym_host.HostEnv`).
+
+Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs``, ``Brain.Train``
+and ``Agent.Run``): the gradient of every episode is accumulated, and after ``batch_size``
+episodes (MyCaffe: ``nIteration % m_nMiniBatch == 0``) the accumulated diffs go through the
+solver's ``ApplyUpdate`` once. Not reproduced: MyCaffe passes the episode number as the
+iteration to ``ApplyUpdate`` (it matters only to lr policies and Adam's bias correction);
+here the solver's ``iter`` counts updates, as Caffe's does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from caffe2jax import ir
+from caffe2jax.api import Model
+from caffe2jax.api import compile as compile_net
+from caffe2jax.lowering import memory_loss  # noqa: F401 - registers MemoryLoss
+from caffe2jax.lowering.graph import Params
+from caffe2jax.runtime.rl import config as rl_config
+from caffe2jax.runtime.rl import host_loop, rule
+from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
+from caffe2jax.runtime.rl.rollout import Lanes, RolloutOptions, Trajectory, new_lanes, rollout
+from caffe2jax.runtime.solvers import caffe_solver, solver_iter
+from caffe2jax.runtime.training import merge, multipliers, split
+from caffe2jax.solver import read_solver_param, resolve
+
+SOLVED_WINDOW = 100
+
+
+class TrainState(NamedTuple):
+    """Everything a batch changes: net params/state, solver state, PRNG key, lane memory."""
+
+    params: Params
+    state: Params
+    opt_state: Any
+    key: jax.Array
+    lanes: Lanes
+
+
+class BatchMetrics(NamedTuple):
+    """One batch: each episode's return and length, and the real env steps taken."""
+
+    returns: jax.Array  # (batch_size,)
+    lengths: jax.Array  # (batch_size,) int32
+    steps: jax.Array  # () int32, the sum of lengths
+
+
+@dataclass
+class RunResult:
+    """What :meth:`PolicyGradientTrainer.run` did."""
+
+    state: TrainState
+    returns: list[float] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    solved_at: int | None = None  # 1-based episode at which the trailing mean hit the target
+    solved_mean: float | None = None
+
+
+def _train_net(param: Any, folder: Any) -> Any:
+    """The train net the solver names (exactly one of net, net_param, train_net(_param))."""
+    fields = [f for f in ("net", "net_param", "train_net", "train_net_param") if param.HasField(f)]
+    if len(fields) != 1:
+        raise RLError("the solver must name exactly one train net (net, net_param, train_net "
+                      f"or train_net_param); found {len(fields) or 'none'}")  # fmt: skip
+    value = getattr(param, fields[0])
+    if fields[0].endswith("_param"):
+        return value
+    path = resolve(value, folder)
+    if not path.exists():
+        raise RLError(f"{fields[0]}: net file '{value}' not found")
+    return path
+
+
+class PolicyGradientTrainer:
+    """Compiles a solver prototxt's policy net and trains it with MyCaffe's PG rule.
+
+    Keyword options override the solver's ``rl_param`` (see :mod:`.config`): ``env``, ``seed``,
+    ``batch_size``, ``gamma``, ``horizon``, ``chunk``, ``reset_mode``, ``difference_input``,
+    ``stale_observation``, ``normalize_by_length``, ``population_std``, ``target``...
+    """
+
+    def __init__(self, solver: Any, **options: Any):
+        self.solver_param, folder = read_solver_param(solver)
+        self.config = rl_config.from_solver(self.solver_param, **options)
+        self.model: Model = compile_net(_train_net(self.solver_param, folder), phase=ir.TRAIN)
+        self.policy = PolicyNet(self.model)
+        self.env = None if self.config.is_gym else rl_config.make_env(self.config)
+        self.host = host_loop.open_env(self.config) if self.config.is_gym else None
+        self._check_env()
+        params, state = jax.eval_shape(self.model.init, jax.random.key(0))
+        lr_mult, decay_mult = multipliers(self.model, merge(params, state))
+        try:
+            self.tx = caffe_solver(self.solver_param, lr_mult, decay_mult)
+        except ValueError as err:
+            raise RLError(f"solver: {err}") from None
+        self.traces = 0
+        self._batch = jax.jit(self._batch_fn)
+        self._learn = jax.jit(self._learn_fn)
+        self._init = jax.jit(self.model.init)  # one compilation, not one per filler op
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _check_env(self) -> None:
+        spec = self.policy.spec
+        actions, obs = (
+            (self.host.num_actions, int(np.prod(self.host.obs_shape)))
+            if self.host is not None
+            else (self.env.num_actions, int(np.prod(self.env.obs_shape)))
+        )
+        if spec.num_actions != actions:
+            raise RLError(
+                f"the policy net outputs {spec.num_actions} actions ({spec.kind}) but "
+                f"environment '{self.config.env}' has {actions}"
+            )
+        if self.policy.obs_size != obs:
+            raise RLError(
+                f"MemoryData takes {self.policy.obs_size} values per step "
+                f"({list(spec.step_shape)}) but environment '{self.config.env}' observes {obs}"
+            )
+
+    @property
+    def rollout_options(self) -> RolloutOptions:
+        c = self.config
+        return RolloutOptions(c.horizon or 0, c.chunk, c.reset_mode, c.difference_input,
+                              c.stale_observation)  # fmt: skip
+
+    @property
+    def target(self) -> float | None:
+        threshold = self.host.reward_threshold if self.host is not None else None
+        return rl_config.default_target(self.config, threshold)
+
+    def init(self, seed: int | None = None) -> TrainState:
+        """Fresh params (Caffe's fillers), solver state, PRNG key and lane memory."""
+        seed = self.config.seed if seed is None else seed
+        k_init, k_run = jax.random.split(jax.random.key(seed))
+        params, state = self._init(k_init)
+        opt_state = self.tx.init(merge(params, state))
+        lanes = new_lanes(self.config.batch_size, self.policy.obs_size)
+        return TrainState(params, state, opt_state, k_run, lanes)
+
+    # -- the jitted pieces --------------------------------------------------------------------
+
+    def _learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
+        """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``."""
+        cfg, spec = self.config, self.policy.spec
+        steps, batch = traj.mask.shape
+        returns = rule.discounted_returns(traj.rewards, traj.mask, cfg.gamma)
+        advantage = rule.standardize(returns, traj.mask, cfg.population_std)
+        by_length = spec.by_length if cfg.normalize_by_length is None else cfg.normalize_by_length
+        per_step = spec.per_step if cfg.normalize_by_length is None else 1
+        advantage = advantage * rule.loss_scale(traj.mask, spec.loss_weight, per_step, by_length)
+        x = jnp.where(traj.mask[..., None] > 0, traj.x, 0.0).reshape(steps * batch, -1)
+
+        def bottom_fn(p: Params) -> jax.Array:
+            return self.policy.forward(p, state, x)[1]
+
+        def make_diff(bottom: jax.Array) -> jax.Array:
+            if spec.kind == SIGMOID:
+                diff = rule.sigmoid_diff(traj.probs[..., 0], traj.actions, advantage)
+            else:
+                diff = rule.softmax_diff(bottom.reshape(steps, batch, -1), traj.actions, advantage)
+            return diff.reshape(steps * batch, -1)
+
+        grads = rule.param_grads(bottom_fn, params, make_diff)
+        merged = merge(params, state)
+        zeros = jax.tree.map(jnp.zeros_like, state)
+        updates, opt_state = self.tx.update(merge(grads, zeros), opt_state, merged)
+        return split(optax.apply_updates(merged, updates), params), opt_state
+
+    def _batch_fn(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+        """``batch_size`` episodes in the JAX env, the rule and one update (jitted)."""
+        self.traces += 1
+        key, k_roll = jax.random.split(ts.key)
+
+        def act(x: jax.Array) -> jax.Array:
+            return self.policy.forward(ts.params, ts.state, x)[0]
+
+        traj, lanes = rollout(self.env, self.rollout_options, self.policy.spec.kind, act,
+                              k_roll, ts.lanes)  # fmt: skip
+        params, opt_state = self._learn_fn(ts.params, ts.state, ts.opt_state, traj)
+        metrics = episode_metrics(traj)
+        return TrainState(params, ts.state, opt_state, key, lanes), metrics
+
+    # -- driving ------------------------------------------------------------------------------
+
+    def train_batch(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+        """One update from ``batch_size`` new episodes."""
+        if self.host is not None:
+            return host_loop.train_batch(self, ts)
+        return self._batch(ts)
+
+    def run(
+        self,
+        ts: TrainState | None = None,
+        *,
+        episodes: int | None = None,
+        target: float | None = None,
+        on_batch: Callable[[RunResult, BatchMetrics], None] | None = None,
+        start: float | None = None,
+    ) -> RunResult:
+        """Train until the mean return of the last 100 episodes reaches ``target`` (default:
+        :attr:`target`) or ``episodes`` (default: rl_param ``max_episodes``) have run."""
+        target = self.target if target is None else target
+        limit = episodes if episodes is not None else (self.config.max_episodes or None)
+        if target is None and limit is None:
+            raise RLError("no target return and no episode limit: give one of them")
+        result = RunResult(self.init() if ts is None else ts)
+        start = time.perf_counter() if start is None else start
+        while limit is None or len(result.returns) < limit:
+            result.state, metrics = self.train_batch(result.state)
+            result.steps += int(metrics.steps)
+            if _extend(result, np.asarray(metrics.returns), target):
+                result.seconds = time.perf_counter() - start
+                if on_batch is not None:
+                    on_batch(result, metrics)
+                break
+            result.seconds = time.perf_counter() - start
+            if on_batch is not None:
+                on_batch(result, metrics)
+        return result
+
+    def iterations(self, ts: TrainState) -> int:
+        """Solver updates applied so far (Caffe's ``iter``)."""
+        return solver_iter(ts.opt_state)
+
+
+def episode_metrics(traj: Trajectory) -> BatchMetrics:
+    lengths = jnp.sum(traj.mask, axis=0).astype(jnp.int32)
+    return BatchMetrics(jnp.sum(traj.rewards, axis=0), lengths, jnp.sum(lengths))
+
+
+def _extend(result: RunResult, returns: np.ndarray, target: float | None) -> bool:
+    """Append a batch's returns in episode order; true once the trailing-100 mean reaches
+    ``target`` (recording the episode)."""
+    for value in returns.tolist():
+        result.returns.append(float(value))
+        n = len(result.returns)
+        if target is None or n < SOLVED_WINDOW:
+            continue
+        mean = float(np.mean(result.returns[-SOLVED_WINDOW:]))
+        if mean >= target:
+            result.solved_at, result.solved_mean = n, mean
+            return True
+    return False
