@@ -15,6 +15,10 @@ class NetError(CaffeError):
     """A net that parses but is not a valid Caffe net (bad wiring, unknown type, shapes)."""
 
 
+class InputShapeError(NetError):
+    """An input blob whose shape only its data source knows, and none was given."""
+
+
 class WeightsError(CaffeError):
     """A weights file that cannot be read or does not fit the net (names layer/blob/shape)."""
 

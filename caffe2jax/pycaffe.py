@@ -23,7 +23,7 @@ from caffe2jax import ir
 from caffe2jax.api import Model
 from caffe2jax.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.runtime.feeding import Feeder
+from caffe2jax.runtime.feeding import Feeder, Sinks
 
 TRAIN = 0
 TEST = 1
@@ -146,6 +146,7 @@ class Net:
             self._base_dir = Path(".")
         net = load_net(network_file, self.phase, level, stages or (), state=state)
         self._feeder = Feeder(net, self._base_dir, seed=seed)
+        self._sinks = Sinks(net)
         self._model = Model(net, self._feeder.input_shapes(), dtype)
         self._rng = jax.random.key(seed)
         self._jitted: dict[tuple, Any] = {}
@@ -321,6 +322,7 @@ class Net:
             if ssa in env and user not in self._model.inputs:
                 blob._set_device(env[ssa])
         self._set_params({}, new_state)
+        self._sinks.write(env)
         wanted = list(self.outputs) + [b for b in (blobs or []) if b not in self.outputs]
         return {name: self.blobs[name].data for name in wanted}
 

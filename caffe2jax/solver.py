@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.errors import CaffeError, SolverError
@@ -179,8 +178,8 @@ class Solver:
 
     # -- training -----------------------------------------------------------------------------
 
-    def _batches(self) -> dict[str, Any]:
-        """iter_size batches stacked on a leading axis: MemoryData/Data sources advance per
+    def _batches(self) -> list[dict[str, Any]]:
+        """The inputs of each of the iter_size forwards: MemoryData/Data sources advance per
         forward; Input blobs repeat what the caller put in ``net.blobs``."""
         per_pass = []
         for _ in range(self._trainer.iter_size):
@@ -189,7 +188,7 @@ class Solver:
                 if name not in fed:
                     fed[name] = self.net.blobs[name]._value()
             per_pass.append(fed)
-        return {k: jnp.stack([jnp.asarray(b[k]) for b in per_pass]) for k in per_pass[0]}
+        return per_pass
 
     def _update_smoothed(self, loss: float, iteration: int) -> None:
         """Caffe's UpdateSmoothedLoss over the last ``average_loss`` iterations."""
@@ -230,9 +229,8 @@ class Solver:
             display = p.display and iteration % p.display == 0
             if display:
                 lr = float(solvers.current_lr(p, self._opt_state))
-            self._rng, rng = jax.random.split(self._rng)
             params, state, self._opt_state, loss, outputs = self._trainer.step(
-                params, state, self._opt_state, self._batches(), rng
+                params, state, self._opt_state, self._batches(), self._rng, iteration
             )
             self._pending.append((iteration, loss))
             self._iter += 1

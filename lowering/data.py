@@ -84,3 +84,10 @@ def dummy_data(layer, params, bottoms, ctx):
         else:
             tops.append(fill(filler, shape, jax.random.fold_in(ctx.key(), i), ctx.dtype))
     return tops
+
+
+@register("HDF5Output")
+def hdf5_output(layer, params, bottoms, ctx):
+    """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
+    bottoms to the layer's file after each forward (caffe2jax.runtime.feeding.Sinks)."""
+    return []

@@ -4,6 +4,7 @@ from caffe2jax.lowering import (  # noqa: F401
     common,
     data,
     loss,
+    memory_loss,
     neuron,
     normalization,
     pooling,

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax import ir
-from caffe2jax.errors import NetError
+from caffe2jax.errors import InputShapeError, NetError
 from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import Context, Lowering, ParamDecl, Shape, lookup
 
@@ -77,10 +77,9 @@ class Graph:
             if shape is None:
                 shape = declared[i] if i < len(declared) else None
             if shape is None:
-                raise _fail(
-                    layer,
-                    f"the shape of top '{user}' comes from its data source; "
-                    "pass input_shapes={'" + user + "': (...)}",
+                raise InputShapeError(
+                    f"layer '{layer.name}' (type {layer.type}): the shape of top '{user}' comes "
+                    "from its data source; pass input_shapes={'" + user + "': (...)}"
                 )
             out.append(tuple(int(d) for d in shape))
         return out

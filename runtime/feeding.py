@@ -116,3 +116,27 @@ class Feeder:
             close = getattr(source, "close", None)
             if close is not None:
                 close()
+
+
+class Sinks:
+    """HDF5Output layers: after each forward, their bottoms are appended to their files."""
+
+    def __init__(self, net: ir.Net, out_dir: Path | None = None):
+        self.layers = [layer for layer in net.layers if layer.type == "HDF5Output"]
+        self._sinks: dict[str, object] = {}
+        self._out_dir = out_dir
+
+    def write(self, blobs: dict[str, object]) -> None:
+        if not self.layers:
+            return
+        from caffe2jax.runtime.data import make_sink
+
+        for layer in self.layers:
+            if layer.name not in self._sinks:
+                self._sinks[layer.name] = make_sink(layer.param, out_dir=self._out_dir)
+            self._sinks[layer.name].write([np.asarray(blobs[b]) for b in layer.bottoms])
+
+    def close(self) -> None:
+        for sink in self._sinks.values():
+            sink.close()
+        self._sinks.clear()

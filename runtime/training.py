@@ -23,6 +23,9 @@ from caffe2jax.lowering.graph import Params
 from caffe2jax.runtime.solvers import caffe_solver
 
 
+UNROLL_ITER_SIZE = 4
+
+
 def merge(params: Params, state: Params) -> Params:
     """One tree holding every owned blob: param slots from ``params``, state slots from
     ``state`` (shared slots stay None)."""
@@ -107,9 +110,14 @@ class Trainer:
             )
             return grads, state, loss, {o: blobs[names[o]] for o in outputs}
 
-        def step(params, state, opt_state, batches, rng):
-            """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate."""
+        def step(params, state, opt_state, passes, key, iteration):
+            """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.
+
+            ``passes`` holds one input dict per forward; ``key`` is the run's base PRNG key,
+            folded with ``iteration`` here so the host never issues per-step device work.
+            """
             self.traces += 1
+            rng = jax.random.fold_in(key, iteration)
 
             def one(carry, xs):
                 grads, state = carry
@@ -118,9 +126,24 @@ class Trainer:
                 grads = jax.tree.map(jnp.add, grads, g)
                 return (grads, state), (loss, outs)
 
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            ks = jnp.arange(iter_size)
-            (grads, state), (losses, outs) = lax.scan(one, (zeros, state), (batches, ks))
+            if iter_size <= UNROLL_ITER_SIZE:
+                # Unrolled at trace time: on CPU an XLA scan (even with unroll) costs more
+                # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step).
+                grads, losses, outs = None, [], []
+                for k in range(iter_size):
+                    g, state, loss, out = grads_of(
+                        params, state, passes[k], jax.random.fold_in(rng, k)
+                    )
+                    grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+                    losses.append(loss)
+                    outs.append(out)
+                losses = jnp.stack(losses)
+                outs = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+            else:
+                batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes)
+                zeros = jax.tree.map(jnp.zeros_like, params)
+                ks = jnp.arange(iter_size)
+                (grads, state), (losses, outs) = lax.scan(one, (zeros, state), (batches, ks))
             merged = merge(params, state)
             merged_grads = merge(grads, jax.tree.map(jnp.zeros_like, state))
             updates, opt_state = tx.update(merged_grads, opt_state, merged)
@@ -130,7 +153,6 @@ class Trainer:
 
         return step
 
-    def step(self, params, state, opt_state, batches, rng):
-        """Run the compiled step; ``batches`` maps input names to arrays with a leading
-        iter_size axis."""
-        return self._step(params, state, opt_state, batches, rng)
+    def step(self, params, state, opt_state, passes, key, iteration):
+        """Run the compiled step on ``passes``: a tuple of iter_size input dicts."""
+        return self._step(params, state, opt_state, tuple(passes), key, iteration)

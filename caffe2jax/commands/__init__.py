@@ -4,9 +4,13 @@ COMMANDS: list[str] = [
     "compute_image_mean",
     "convert_imageset",
     "convert_weights",
+    "device_query",
     "export",
+    "plot",
+    "rl",
     "summary",
     "test",
+    "time",
     "train",
     "upgrade",
 ]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from caffe2jax import ir
 from caffe2jax.api import Model
+from caffe2jax.errors import DataError, InputShapeError
 from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.runtime.feeding import Feeder
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -65,12 +68,26 @@ def summary_lines(net: ir.Net) -> list[str]:
     return lines
 
 
+def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
+    """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
+    ``({}, reason)`` when a source cannot be opened here."""
+    try:
+        feeder = Feeder(net, base_dir)
+    except DataError as err:
+        return {}, str(err)
+    try:
+        return feeder.input_shapes(), ""
+    finally:
+        feeder.close()
+
+
 def run(args: argparse.Namespace) -> int:
     net = load_net(args.model, args.phase, args.level, args.stage)
-    shapes = parse_shapes(args.input_shape)
+    shapes, reason = source_shapes(net, Path(args.model).parent)
+    shapes.update(parse_shapes(args.input_shape))
     try:
         net = Model(net, shapes).net
-    except Exception as err:  # shapes need a data source we cannot open: show the structure
-        print(f"(shapes unavailable: {err})")
+    except InputShapeError as err:  # a data source we cannot open here: show the structure
+        print(f"(no shapes: {reason or err}; give --input-shape BLOB=D0,D1,...)")
     print("\n".join(summary_lines(net)))
     return 0

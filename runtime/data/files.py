@@ -17,19 +17,23 @@ from caffe2jax.errors import DataError
 _LABEL = re.compile(r"[+-]?\d+")
 
 
-def resolve_input(path: str | Path, base_dir: Path | None, what: str) -> Path:
+def resolve_input(
+    path: str | Path, base_dir: Path | None, what: str, also: Path | None = None
+) -> Path:
     """Find an existing file or folder named by a layer: as given (absolute or against the
-    working directory, as Caffe does), else against ``base_dir``. ``what`` names it in errors."""
+    working directory, as Caffe does), else against ``base_dir``, else against ``also`` (e.g.
+    the folder of the list file naming it). ``what`` names it in errors."""
     if not str(path):
         raise DataError(f"{what}: no path given")
     given = Path(path).expanduser()
     if given.exists():
         return given
-    if base_dir is not None and not given.is_absolute():
-        candidate = Path(base_dir) / given
-        if candidate.exists():
-            return candidate
-    where = f" or in {base_dir}" if base_dir is not None and not given.is_absolute() else ""
+    folders = [Path(d) for d in (base_dir, also) if d is not None]
+    if not given.is_absolute():
+        for folder in folders:
+            if (folder / given).exists():
+                return folder / given
+    where = "".join(f" or in {d}" for d in folders) if not given.is_absolute() else ""
     raise DataError(f"{what} not found: {path} (looked in the working directory{where})")
 
 

@@ -81,7 +81,7 @@ class HDF5DataSource(DataSource):
         where = f"layer {layer.name!r}: hdf5_data_param.source"
         list_path = resolve_input(param.source, base_dir, where)
         self.files = [
-            resolve_input(name, base_dir, f"{list_path}: HDF5 file")
+            resolve_input(name, base_dir, f"{list_path}: HDF5 file", also=list_path.parent)
             for name in parse_hdf5_list(list_path)
         ]
         self.rng = make_rngs(seed, 1)[0]

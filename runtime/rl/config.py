@@ -48,6 +48,7 @@ class RLConfig:
     batch_size: int = 10
     horizon: int | None = None  # None: the env's cap, else DEFAULT_HORIZON
     chunk: int = 32
+    unroll: int = 1
     reset_mode: str = "mask"
     population_std: bool = True
     normalize_by_length: bool | None = None  # None: the MemoryLoss layer's normaliser
@@ -79,10 +80,12 @@ def _seed(solver_param: Any, seed: int | None) -> int:
     return time.time_ns() % 2**31
 
 
-def from_solver(solver_param: Any, **overrides: Any) -> RLConfig:
+def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> RLConfig:
     """The config a solver's ``rl_param`` asks for; keyword ``overrides`` (None: ignored) win.
 
-    Recognised overrides: every RLConfig field (``seed`` included)."""
+    Recognised overrides: every RLConfig field (``seed`` included). An unset ``batch_size``
+    is ``memory_batch``, the MemoryData layer's batch size: MyCaffe's Brain takes its
+    episodes per update from the project's batch size (``GetBatchSize(phase)``)."""
     rl = solver_param.rl_param
     given = {k: v for k, v in overrides.items() if v is not None}
     env = str(given.pop("env", rl.env)).strip()
@@ -92,18 +95,20 @@ def from_solver(solver_param: Any, **overrides: Any) -> RLConfig:
     values: dict[str, Any] = {
         "env": env,
         "gamma": rl.gamma,
-        "batch_size": rl.batch_size,
+        "batch_size": rl.batch_size if rl.HasField("batch_size") else memory_batch,
         "population_std": rl.population_std,
         "normalize_by_length": _opt(rl, "normalize_by_length"),
-        "difference_input": mycaffe if _opt(rl, "difference_input") is None
+        "difference_input": mycaffe
+        if _opt(rl, "difference_input") is None
         else rl.difference_input,
-        "stale_observation": mycaffe if _opt(rl, "stale_observation") is None
+        "stale_observation": mycaffe
+        if _opt(rl, "stale_observation") is None
         else rl.stale_observation,
         "pole_angle_limit_deg": _opt(rl, "pole_angle_limit_deg"),
         "max_steps": _opt(rl, "max_steps"),
         "target": _opt(rl, "target_return"),
         "max_episodes": rl.max_episodes,
-    }  # fmt: skip
+    }
     values["seed"] = _seed(solver_param, given.pop("seed", None))
     values.update(given)
     config = RLConfig(**values)

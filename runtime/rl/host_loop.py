@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.runtime.rl.gym_host import HostEnv, strip_gym_prefix
+from caffe2jax.runtime.rl.gym_host import HostEnv
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import Trajectory, preprocess, sample
 
@@ -77,8 +77,14 @@ def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tup
     record: dict[str, list[np.ndarray]] = {k: [] for k in ("x", "a", "p", "r", "m")}
     t = 0
     while alive.any():
-        x, lanes, probs, action = act(ts.params, ts.state, jnp.asarray(seen), lanes,
-                                      jnp.asarray(alive), jax.random.fold_in(key, t))  # fmt: skip
+        x, lanes, probs, action = act(
+            ts.params,
+            ts.state,
+            jnp.asarray(seen),
+            lanes,
+            jnp.asarray(alive),
+            jax.random.fold_in(key, t),
+        )
         action = np.asarray(action)
         _, reward, terminated, truncated = host.step(action)
         final = host.final_obs.reshape(cfg.batch_size, -1).astype(np.float32)
@@ -102,6 +108,3 @@ def train_batch(trainer: PolicyGradientTrainer, ts: TrainState) -> tuple[TrainSt
     params, opt_state = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
     return TrainState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
 
-
-def env_name(config: RLConfig) -> str:
-    return strip_gym_prefix(config.env)

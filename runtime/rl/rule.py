@@ -41,8 +41,9 @@ def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax
         running = (running * gamma + r) * m
         return running, running
 
-    _, out = lax.scan(back, jnp.zeros(rewards.shape[1:], rewards.dtype), (rewards, mask),
-                      reverse=True)  # fmt: skip
+    _, out = lax.scan(
+        back, jnp.zeros(rewards.shape[1:], rewards.dtype), (rewards, mask), reverse=True
+    )
     return out
 
 

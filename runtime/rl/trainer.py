@@ -16,9 +16,11 @@ here the solver's ``iter`` counts updates, as Caffe's does.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -76,8 +78,10 @@ def _train_net(param: Any, folder: Any) -> Any:
     """The train net the solver names (exactly one of net, net_param, train_net(_param))."""
     fields = [f for f in ("net", "net_param", "train_net", "train_net_param") if param.HasField(f)]
     if len(fields) != 1:
-        raise RLError("the solver must name exactly one train net (net, net_param, train_net "
-                      f"or train_net_param); found {len(fields) or 'none'}")  # fmt: skip
+        raise RLError(
+            "the solver must name exactly one train net (net, net_param, train_net "
+            f"or train_net_param); found {len(fields) or 'none'}"
+        )
     value = getattr(param, fields[0])
     if fields[0].endswith("_param"):
         return value
@@ -97,9 +101,10 @@ class PolicyGradientTrainer:
 
     def __init__(self, solver: Any, **options: Any):
         self.solver_param, folder = read_solver_param(solver)
-        self.config = rl_config.from_solver(self.solver_param, **options)
         self.model: Model = compile_net(_train_net(self.solver_param, folder), phase=ir.TRAIN)
         self.policy = PolicyNet(self.model)
+        memory_batch = self.model.inputs[self.policy.spec.data][0]
+        self.config = rl_config.from_solver(self.solver_param, memory_batch, **options)
         self.env = None if self.config.is_gym else rl_config.make_env(self.config)
         self.host = host_loop.open_env(self.config) if self.config.is_gym else None
         self._check_env()
@@ -137,8 +142,14 @@ class PolicyGradientTrainer:
     @property
     def rollout_options(self) -> RolloutOptions:
         c = self.config
-        return RolloutOptions(c.horizon or 0, c.chunk, c.reset_mode, c.difference_input,
-                              c.stale_observation)  # fmt: skip
+        return RolloutOptions(
+            c.horizon or 0,
+            c.chunk,
+            c.reset_mode,
+            c.difference_input,
+            c.stale_observation,
+            c.unroll,
+        )
 
     @property
     def target(self) -> float | None:
@@ -191,8 +202,9 @@ class PolicyGradientTrainer:
         def act(x: jax.Array) -> jax.Array:
             return self.policy.forward(ts.params, ts.state, x)[0]
 
-        traj, lanes = rollout(self.env, self.rollout_options, self.policy.spec.kind, act,
-                              k_roll, ts.lanes)  # fmt: skip
+        traj, lanes = rollout(
+            self.env, self.rollout_options, self.policy.spec.kind, act, k_roll, ts.lanes
+        )
         params, opt_state = self._learn_fn(ts.params, ts.state, ts.opt_state, traj)
         metrics = episode_metrics(traj)
         return TrainState(params, ts.state, opt_state, key, lanes), metrics
@@ -234,6 +246,12 @@ class PolicyGradientTrainer:
             if on_batch is not None:
                 on_batch(result, metrics)
         return result
+
+    def save(self, path: str | os.PathLike, ts: TrainState, fmt: str | None = None) -> Path:
+        """Write the policy's weights as a .caffemodel (``fmt="hdf5"``: Caffe's HDF5)."""
+        from caffe2jax.runtime.weights import save_weights
+
+        return save_weights(path, self.model, ts.params, ts.state, format=fmt)
 
     def iterations(self, ts: TrainState) -> int:
         """Solver updates applied so far (Caffe's ``iter``)."""

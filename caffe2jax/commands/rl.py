@@ -1,0 +1,147 @@
+"""`caffe2jax rl --solver S`: MyCaffe's policy-gradient trainer on Cart-Pole (or gym:ID).
+
+Prints progress every ~100 episodes (``Episode E, mean return = R (last 100), …``), and once
+the mean return of the last 100 episodes reaches the target, one line
+``Solved: mean return R over the last 100 episodes at episode E (T s, S env-steps/s)`` and
+stops. ``T`` counts from the start of the command (net compilation and XLA compilation
+included); ``S`` counts real environment steps only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from caffe2jax.errors import CaffeError
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime.rl import envs
+from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
+from caffe2jax.runtime.solverstate import snapshot_name
+
+ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", or gym:<Gymnasium id>"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rl",
+        help="train a MemoryData/MemoryLoss policy net with MyCaffe's policy-gradient rule",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--solver", required=True, help="solver prototxt (net + rl_param)")
+    p.add_argument("--env", help=f"environment: {ENV_HELP} (default: rl_param env)")
+    p.add_argument("--episodes", type=int, help="stop after this many episodes")
+    p.add_argument("--target", type=float, help="mean return over 100 episodes that solves")
+    p.add_argument("--seed", type=int, help="PRNG seed (same seed, same numbers)")
+    p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
+    p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
+    p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.caffemodel snapshots")
+    p.set_defaults(func=run)
+
+
+def _progress(every: int):
+    """Print one line each ``every`` episodes; the rate is over the episodes since the last."""
+    last = {"next": every, "steps": 0, "seconds": 0.0}
+
+    def show(result: RunResult, metrics: BatchMetrics) -> None:
+        n = len(result.returns)
+        if n < last["next"] or result.solved_at is not None:
+            return
+        window = result.returns[-100:]
+        rate = (result.steps - last["steps"]) / max(result.seconds - last["seconds"], 1e-9)
+        last.update(next=(n // every + 1) * every, steps=result.steps, seconds=result.seconds)
+        print(
+            f"Episode {n}, mean return = {sum(window) / len(window):.1f} (last "
+            f"{len(window)}), {result.steps} env-steps, {rate:.0f} env-steps/s",
+            flush=True,
+        )
+
+    return show
+
+
+def _snapshots(trainer: PolicyGradientTrainer, prefix: str | None):
+    """Caffe's snapshot cadence: every ``snapshot`` updates, named by iteration."""
+    param = trainer.solver_param
+    hdf5 = param.snapshot_format == caffe_pb2.SolverParameter.HDF5
+
+    def write(state) -> None:
+        path = Path(snapshot_name(prefix, trainer.iterations(state), hdf5, "caffemodel"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kind = "HDF5 file" if hdf5 else "binary proto file"
+        print(f"Snapshotting to {kind} {path}", flush=True)
+        trainer.save(path, state, "hdf5" if hdf5 else "binary")
+
+    return write
+
+
+def _plot(path: str, returns: list[float], target: float | None) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CaffeError("--plot needs matplotlib: pip install matplotlib") from None
+    import numpy as np
+
+    values = np.asarray(returns)
+    episodes = np.arange(1, len(values) + 1)
+    window = np.convolve(values, np.ones(100), "full")[: len(values)] / np.minimum(episodes, 100)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(episodes, values, lw=0.6, alpha=0.5, label="return")
+    ax.plot(episodes, window, lw=1.8, label="mean of last 100")
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("return")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    start = time.perf_counter()
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
+    cfg = trainer.config
+    target = args.target if args.target is not None else trainer.target
+    print(
+        f"Environment {cfg.env}, {trainer.policy.spec.kind} policy with "
+        f"{trainer.policy.spec.num_actions} actions, {cfg.batch_size} episodes per update, "
+        f"seed {cfg.seed}",
+        flush=True,
+    )
+    prefix = args.snapshot_prefix or trainer.solver_param.snapshot_prefix or None
+    every_updates = trainer.solver_param.snapshot
+    save = _snapshots(trainer, prefix) if prefix else None
+    show = _progress(100)
+
+    def on_batch(result: RunResult, metrics: BatchMetrics) -> None:
+        show(result, metrics)
+        if save and every_updates and trainer.iterations(result.state) % every_updates == 0:
+            save(result.state)
+
+    result = trainer.run(episodes=args.episodes, target=target, on_batch=on_batch, start=start)
+    seconds = time.perf_counter() - start
+    rate = result.steps / max(seconds, 1e-9)
+    window = result.returns[-100:]
+    if result.solved_at is not None:
+        print(
+            f"Solved: mean return {result.solved_mean:.1f} over the last 100 episodes at "
+            f"episode {result.solved_at} ({seconds:.1f} s, {rate:.0f} env-steps/s)"
+        )
+    else:
+        print(
+            f"Stopped after {len(result.returns)} episodes: mean return "
+            f"{sum(window) / max(len(window), 1):.1f} over the last {len(window)} "
+            f"({seconds:.1f} s, {rate:.0f} env-steps/s)"
+        )
+    if save and not (every_updates and trainer.iterations(result.state) % every_updates == 0):
+        save(result.state)
+    if args.plot:
+        _plot(args.plot, result.returns, target)
+        print(f"Wrote {args.plot}")
+    sys.stdout.flush()
+    return 0
