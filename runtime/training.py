@@ -22,7 +22,6 @@ from caffe2jax.api import Model
 from caffe2jax.lowering.graph import Params
 from caffe2jax.runtime.solvers import caffe_solver
 
-
 UNROLL_ITER_SIZE = 4
 
 

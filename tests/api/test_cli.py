@@ -91,8 +91,8 @@ def test_upgrade_solver_type(tmp_path):
 
 
 def test_train_and_test_the_digits_example(tmp_path):
-    """The README's main job, shortened for CI: 500 of its 1500 iterations (a test_interval multiple, so the last test runs), a looser bar
-    (the full run reaches ≥ 95 %)."""
+    """The README's main job, shortened for CI: 500 of its 1500 iterations (a multiple of
+    test_interval, so the last test runs) and a looser bar (the full run reaches ≥ 95 %)."""
     proc = cli("train", "--solver", DIGITS / "lenet_solver.prototxt", "--iterations", 500,
                "--progress", "log", cwd=tmp_path)  # fmt: skip
     log = (tmp_path / "lenet_solver.log").read_text()

@@ -34,9 +34,11 @@ EXTRA = {
         data_param {{ source: "{DIGITS / "digits_test_lmdb"}" batch_size: 4 backend: LMDB }} }}""",
     "HDF5Data": f"""layer {{ name: "h" type: "HDF5Data" top: "data" top: "label"
         hdf5_data_param {{ source: "{HDF5 / "list.txt"}" batch_size: 3 }} }}""",
-    "MemoryLoss": """layer { name: "in" type: "Input" top: "p" input_param { shape { dim: 3 dim: 2 } } }
+    "MemoryLoss": """
+        layer { name: "in" type: "Input" top: "p" input_param { shape { dim: 3 dim: 2 } } }
         layer { name: "l" type: "MemoryLoss" bottom: "p" top: "loss" }""",
-    "Python": """layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    "Python": """
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
         layer { name: "py" type: "Python" bottom: "x" top: "y"
                 python_param { module: "sweep" layer: "Double" } }""",
 }
