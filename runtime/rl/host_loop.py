@@ -107,4 +107,3 @@ def train_batch(trainer: PolicyGradientTrainer, ts: TrainState) -> tuple[TrainSt
     traj = Trajectory(*(_pad(record[k], length) for k in "xaprm"))
     params, opt_state = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
     return TrainState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
-

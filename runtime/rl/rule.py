@@ -25,12 +25,15 @@ Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs`` a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from caffe2jax.lowering.graph import Params
+
+LEARN_CHUNK = 64
 
 
 def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax.Array:
@@ -90,3 +93,44 @@ def param_grads(
     bottom, vjp = jax.vjp(bottom_fn, params)
     (grads,) = vjp(make_diff(bottom))
     return grads
+
+
+def batch_grads(
+    bottom_of: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    traj: Any,
+    advantage: jax.Array,
+    sigmoid: bool,
+    chunk: int = LEARN_CHUNK,
+) -> Params:
+    """The params' diff summed over every step of every episode in ``traj`` (a
+    :class:`~caffe2jax.runtime.rl.rollout.Trajectory`), given each step's modulated advantage
+    (standardised return × MemoryLoss's scale, 0 on padded steps).
+
+    ``bottom_of(params, x)`` is the net's MemoryLoss bottom for rows ``x``. The work runs
+    ``chunk`` steps at a time and only over the steps the longest episode reached.
+    """
+    steps, batch = traj.mask.shape
+    if chunk <= 0 or steps % chunk:
+        chunk = steps
+    longest = jnp.max(jnp.sum(traj.mask, axis=0)).astype(jnp.int32)
+    count = (longest + chunk - 1) // chunk
+
+    def grads_of(i: jax.Array) -> Params:
+        def part(a: jax.Array) -> jax.Array:
+            return lax.dynamic_slice_in_dim(a, i * chunk, chunk)
+
+        mask, actions, adv = part(traj.mask), part(traj.actions), part(advantage)
+        x = jnp.where(mask[..., None] > 0, part(traj.x), 0.0).reshape(chunk * batch, -1)
+
+        def make_diff(bottom: jax.Array) -> jax.Array:
+            if sigmoid:
+                diff = sigmoid_diff(part(traj.probs)[..., 0], actions, adv)
+            else:
+                diff = softmax_diff(bottom.reshape(chunk, batch, -1), actions, adv)
+            return diff.reshape(chunk * batch, -1)
+
+        return param_grads(lambda p: bottom_of(p, x), params, make_diff)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return lax.fori_loop(0, count, lambda i, g: jax.tree.map(jnp.add, g, grads_of(i)), zeros)

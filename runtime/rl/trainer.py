@@ -170,25 +170,16 @@ class PolicyGradientTrainer:
     def _learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
         """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``."""
         cfg, spec = self.config, self.policy.spec
-        steps, batch = traj.mask.shape
         returns = rule.discounted_returns(traj.rewards, traj.mask, cfg.gamma)
         advantage = rule.standardize(returns, traj.mask, cfg.population_std)
         by_length = spec.by_length if cfg.normalize_by_length is None else cfg.normalize_by_length
         per_step = spec.per_step if cfg.normalize_by_length is None else 1
         advantage = advantage * rule.loss_scale(traj.mask, spec.loss_weight, per_step, by_length)
-        x = jnp.where(traj.mask[..., None] > 0, traj.x, 0.0).reshape(steps * batch, -1)
 
-        def bottom_fn(p: Params) -> jax.Array:
+        def bottom_of(p: Params, x: jax.Array) -> jax.Array:
             return self.policy.forward(p, state, x)[1]
 
-        def make_diff(bottom: jax.Array) -> jax.Array:
-            if spec.kind == SIGMOID:
-                diff = rule.sigmoid_diff(traj.probs[..., 0], traj.actions, advantage)
-            else:
-                diff = rule.softmax_diff(bottom.reshape(steps, batch, -1), traj.actions, advantage)
-            return diff.reshape(steps * batch, -1)
-
-        grads = rule.param_grads(bottom_fn, params, make_diff)
+        grads = rule.batch_grads(bottom_of, params, traj, advantage, spec.kind == SIGMOID)
         merged = merge(params, state)
         zeros = jax.tree.map(jnp.zeros_like, state)
         updates, opt_state = self.tx.update(merge(grads, zeros), opt_state, merged)
