@@ -267,3 +267,21 @@ def test_param_grads_is_the_vjp_of_the_bottom():
     np.testing.assert_allclose(np.asarray(grads["a"][0]), [[3.0, 6.5]])
     assert grads["a"][1] is None
     assert jax.tree.structure(grads) == jax.tree.structure(w)
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "softmax"])
+def test_chunked_grads_equal_whole_batch(kind):
+    """batch_grads works ``chunk`` steps at a time and stops after the longest episode."""
+    trainer = PolicyGradientTrainer(solver_text(net_text(kind)), seed=0)
+    ts = trainer.init(seed=2)
+    traj, _ = _episodes(4, kind, _np_params(ts.params))
+    advantage = jnp.asarray(np.random.default_rng(5).normal(size=traj.mask.shape)) * traj.mask
+
+    def bottom_of(p, x):
+        return trainer.policy.forward(p, ts.state, x)[1]
+
+    whole = rule.batch_grads(bottom_of, ts.params, traj, advantage, kind == "sigmoid", 0)
+    for chunk in (2, 4):
+        parts = rule.batch_grads(bottom_of, ts.params, traj, advantage, kind == "sigmoid", chunk)
+        for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
