@@ -266,8 +266,7 @@ class Graph:
                 b if backward.params[j] else lax.stop_gradient(b)
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
-            key = None if rng is None else jax.random.fold_in(rng, k)
-            ctx = Context(self.phase, key, self.dtype, layer_name=layer.name)
+            ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name, layer_index=k)
             out = lowering.fn(layer, blobs, bottoms, ctx)
             if lowering.stateful:
                 out, updated = out

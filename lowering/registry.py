@@ -55,19 +55,21 @@ class Context:
     dtype: Any = jnp.float32
     state: list[jax.Array] = field(default_factory=list)
     layer_name: str = ""
+    layer_index: int = 0
 
     @property
     def train(self) -> bool:
         return self.phase == ir.TRAIN
 
     def key(self) -> jax.Array:
-        """This layer's PRNG key; a clear error when the caller gave no rng."""
+        """This layer's PRNG key (the net's rng folded with the layer's index, derived only
+        when a layer asks for it); a clear error when the caller gave no rng."""
         if self.rng is None:
             raise NetError(
                 f"layer '{self.layer_name}' draws random numbers in phase {self.phase}: "
                 "pass rng=jax.random.key(...) to apply()"
             )
-        return self.rng
+        return jax.random.fold_in(self.rng, self.layer_index)
 
 
 LoweringFn = Callable[[ir.Layer, Sequence[jax.Array], Sequence[jax.Array], Context], Any]

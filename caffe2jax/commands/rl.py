@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from caffe2jax.errors import CaffeError
@@ -74,7 +75,7 @@ def _snapshots(trainer: PolicyGradientTrainer, prefix: str | None):
     return write
 
 
-def _plot(path: str, returns: list[float], target: float | None) -> None:
+def _pyplot():
     try:
         import matplotlib
 
@@ -82,8 +83,14 @@ def _plot(path: str, returns: list[float], target: float | None) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise CaffeError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _plot(path: str, returns: list[float], target: float | None) -> None:
+    """Each episode's return and the mean of the last 100, with the target line."""
     import numpy as np
 
+    plt = _pyplot()
     values = np.asarray(returns)
     episodes = np.arange(1, len(values) + 1)
     window = np.convolve(values, np.ones(100), "full")[: len(values)] / np.minimum(episodes, 100)
@@ -101,9 +108,9 @@ def _plot(path: str, returns: list[float], target: float | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     start = time.perf_counter()
+    if args.plot:
+        _pyplot()  # a missing matplotlib fails now, not after training
     trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
     cfg = trainer.config
     target = args.target if args.target is not None else trainer.target
@@ -138,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             f"{sum(window) / max(len(window), 1):.1f} over the last {len(window)} "
             f"({seconds:.1f} s, {rate:.0f} env-steps/s)"
         )
-    if save and not (every_updates and trainer.iterations(result.state) % every_updates == 0):
+    written = every_updates and trainer.iterations(result.state) % every_updates == 0
+    if save and trainer.solver_param.snapshot_after_train and not written:
         save(result.state)
     if args.plot:
         _plot(args.plot, result.returns, target)

@@ -10,8 +10,11 @@ setting                     unset means                 MyCaffe's (paper's) valu
 ``max_steps``               the env's cap (500 v1)      no cap (``cartpole-mycaffe``)
 ``difference_input``        on for cartpole-mycaffe     on (``UseRawInput`` false)
 ``stale_observation``       on for cartpole-mycaffe     on (CartPoleGym.Step's lag)
-``normalize_by_length``     MemoryLoss's loss_param     VALID: ÷ episode length
+``normalize_by_length``     the MemoryLoss layer's      loss_param VALID: ÷ episode
+                            normaliser                  length (set: true ÷ T, false ÷ 1)
 ``population_std``          true                        true (``Blob.std`` divides by T)
+``batch_size``              MemoryData's batch_size     ``GetBatchSize(phase)`` episodes
+``gamma``                   0.99                        0.99 (property ``Gamma``)
 ``target_return``           475 v1, 195 v0, else 95%    —
                             of the horizon; gym: the
                             spec's reward_threshold
@@ -48,7 +51,6 @@ class RLConfig:
     batch_size: int = 10
     horizon: int | None = None  # None: the env's cap, else DEFAULT_HORIZON
     chunk: int = 32
-    unroll: int = 1
     reset_mode: str = "mask"
     population_std: bool = True
     normalize_by_length: bool | None = None  # None: the MemoryLoss layer's normaliser

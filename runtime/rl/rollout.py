@@ -8,7 +8,11 @@ The steps run as a ``lax.scan`` over ``chunk`` steps inside a ``lax.while_loop``
 every lane is done, so a batch of 20-step episodes costs 20-odd steps, not the horizon
 (``chunk=0``: one scan over the whole horizon). ``reset_mode="auto"`` restarts a finished lane
 at once (``step_autoreset``) instead of freezing it; the restarted episodes are not learned
-from (MyCaffe trains exactly ``batch_size`` episodes per update, all begun with the same params).
+from (MyCaffe trains exactly ``batch_size`` episodes per update, all begun with the same params,
+so a lane has nothing useful to do once its episode ended). Measured by
+``benchmarks/rl_cartpole.py`` on 2 CPU cores, training Cart-Pole-v1 from scratch: masking with
+32-step chunks ~1.8M env-steps/s, one horizon-long scan ~1.0M, auto-reset ~0.5M (it draws a
+reset every step) — masking with early exit is the default.
 
 Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs``):
 
@@ -66,7 +70,6 @@ class RolloutOptions:
     reset_mode: str = "mask"
     difference_input: bool = False
     stale_observation: bool = False
-    unroll: int = 1
 
     @property
     def steps(self) -> int:
@@ -162,9 +165,9 @@ def rollout(
     carry = _Carry(state, obs, obs, lanes, alive, jnp.zeros((), jnp.int32))
     body = _step_fn(env, opts, kind, act)
     if opts.steps == opts.horizon and (opts.chunk <= 0 or opts.chunk >= opts.horizon):
-        carry, out = lax.scan(body, carry, (us, keys), unroll=opts.unroll)
+        carry, out = lax.scan(body, carry, (us, keys))
     else:
-        carry, out = _chunked(body, carry, (us, keys), opts.chunk, opts.unroll)
+        carry, out = _chunked(body, carry, (us, keys), opts.chunk)
     x, packed = out
     k = packed.shape[-1] - 3
     actions = packed[..., k].astype(jnp.int32)
@@ -172,9 +175,7 @@ def rollout(
     return traj, carry.lanes
 
 
-def _chunked(
-    body: Callable, carry: _Carry, xs: Any, chunk: int, unroll: int = 1
-) -> tuple[_Carry, tuple]:
+def _chunked(body: Callable, carry: _Carry, xs: Any, chunk: int) -> tuple[_Carry, tuple]:
     """``lax.scan(body, carry, xs)`` in chunks, stopping after the chunk where all lanes died.
 
     Steps never run stay zero in the outputs (a zero mask)."""
@@ -193,7 +194,7 @@ def _chunked(
         i, c, out = state
         start = i * chunk
         part = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, chunk), xs)
-        c, got = lax.scan(body, c, part, unroll=unroll)
+        c, got = lax.scan(body, c, part)
         out = jax.tree.map(lambda b, g: lax.dynamic_update_slice_in_dim(b, g, start, 0), out, got)
         return i + 1, c, out
 

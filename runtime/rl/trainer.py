@@ -148,7 +148,6 @@ class PolicyGradientTrainer:
             c.reset_mode,
             c.difference_input,
             c.stale_observation,
-            c.unroll,
         )
 
     @property
