@@ -37,24 +37,64 @@ def _variance_n(filler: caffe_pb2.FillerParameter, shape: Shape) -> float:
     return fan_in
 
 
-def _constant(filler, shape, key, dtype):
+class Draws:
+    """Standard normal and U(0, 1) samples, handed out in order from two pools.
+
+    A whole net's random fillers share one normal and one uniform draw (two random ops in the
+    init program, whatever the number of blobs): drawing per blob costs one compilation per
+    distinct blob size, which makes initialising GoogLeNet take seconds.
+    """
+
+    def __init__(self, key: jax.Array, normals: int, uniforms: int, dtype=jnp.float32):
+        k_normal, k_uniform = jax.random.split(key)
+        self._pools = {
+            "normal": jax.random.normal(k_normal, (normals,), dtype) if normals else None,
+            "uniform": jax.random.uniform(k_uniform, (uniforms,), dtype) if uniforms else None,
+        }
+        self._used = {"normal": 0, "uniform": 0}
+
+    def _take(self, kind: str, shape: Shape) -> jax.Array:
+        n = math.prod(shape)
+        start = self._used[kind]
+        self._used[kind] = start + n
+        return self._pools[kind][start : start + n].reshape(shape)
+
+    def normal(self, shape: Shape) -> jax.Array:
+        return self._take("normal", shape)
+
+    def uniform(self, shape: Shape) -> jax.Array:
+        return self._take("uniform", shape)
+
+
+def draws_needed(filler: caffe_pb2.FillerParameter | None, shape: Shape) -> tuple[int, int]:
+    """(standard normals, uniforms) the filler takes from :class:`Draws` for ``shape``."""
+    n = math.prod(shape)
+    kind = filler.type if filler is not None else "constant"
+    if kind in ("gaussian", "msra"):
+        sparse = kind == "gaussian" and filler.sparse >= 0
+        return n, n if sparse else 0
+    if kind in ("uniform", "xavier", "positive_unitball"):
+        return 0, n
+    return 0, 0
+
+
+def _constant(filler, shape, draws, dtype):
     return jnp.full(shape, filler.value, dtype)
 
 
-def _uniform(filler, shape, key, dtype):
+def _uniform(filler, shape, draws, dtype):
     if filler.min > filler.max:
         raise NetError(f"uniform filler needs min <= max, got min {filler.min} > max {filler.max}")
-    return jax.random.uniform(key, shape, dtype, filler.min, filler.max)
+    return filler.min + (filler.max - filler.min) * draws.uniform(shape)
 
 
-def _gaussian(filler, shape, key, dtype):
+def _gaussian(filler, shape, draws, dtype):
     """N(mean, std); with ``sparse`` ≥ 0 each weight survives with p = sparse / shape[0]."""
     if filler.std <= 0:
         raise NetError(f"gaussian filler needs std > 0, got {filler.std}")
-    k_val, k_mask = jax.random.split(key)
-    values = filler.mean + filler.std * jax.random.normal(k_val, shape, dtype)
     if filler.sparse < -1:
         raise NetError(f"gaussian filler 'sparse' must be -1 (off) or >= 0, got {filler.sparse}")
+    values = filler.mean + filler.std * draws.normal(shape)
     if filler.sparse >= 0:
         if len(shape) < 1:
             raise NetError("gaussian filler with 'sparse' needs a blob of at least 1 axis")
@@ -64,30 +104,29 @@ def _gaussian(filler, shape, key, dtype):
                 f"gaussian filler 'sparse' ({filler.sparse}) exceeds the blob's first axis "
                 f"({shape[0]}): the keep probability sparse/{shape[0]} must be <= 1"
             )
-        values = values * jax.random.bernoulli(k_mask, keep, shape).astype(dtype)
+        values = values * (draws.uniform(shape) < keep).astype(dtype)
     return values
 
 
-def _positive_unitball(filler, shape, key, dtype):
+def _positive_unitball(filler, shape, draws, dtype):
     """U(0, 1), then every item (index of axis 0) is scaled to sum to 1."""
-    values = jax.random.uniform(key, shape, dtype)
-    flat = values.reshape(shape[0], -1)
+    flat = draws.uniform(shape).reshape(shape[0], -1)
     return (flat / flat.sum(axis=1, keepdims=True)).reshape(shape)
 
 
-def _xavier(filler, shape, key, dtype):
+def _xavier(filler, shape, draws, dtype):
     """U(-a, a) with a = sqrt(3 / n), n chosen by variance_norm."""
     scale = math.sqrt(3.0 / _variance_n(filler, shape))
-    return jax.random.uniform(key, shape, dtype, -scale, scale)
+    return -scale + 2 * scale * draws.uniform(shape)
 
 
-def _msra(filler, shape, key, dtype):
+def _msra(filler, shape, draws, dtype):
     """N(0, 2 / n), n chosen by variance_norm."""
     std = math.sqrt(2.0 / _variance_n(filler, shape))
-    return std * jax.random.normal(key, shape, dtype)
+    return std * draws.normal(shape)
 
 
-def _bilinear(filler, shape, key, dtype):
+def _bilinear(filler, shape, draws, dtype):
     """Caffe's BilinearFiller: every (kh, kw) slice holds the same bilinear upsampling kernel.
 
     Upstream's formula, ``c = (k − 1) / (2f)`` with ``f = ceil(k / 2)``, evaluated operation by
@@ -118,9 +157,13 @@ FILLERS: dict[str, Callable] = {
 
 
 def fill(
-    filler: caffe_pb2.FillerParameter | None, shape: Shape, key: jax.Array, dtype=jnp.float32
+    filler: caffe_pb2.FillerParameter | None,
+    shape: Shape,
+    key: jax.Array | Draws,
+    dtype=jnp.float32,
 ) -> jax.Array:
-    """A blob of ``shape`` filled as Caffe's filler ``filler`` would (None: zeros)."""
+    """A blob of ``shape`` filled as Caffe's filler ``filler`` would (None: zeros), from a key
+    or from a net's shared :class:`Draws`."""
     if filler is None:
         return jnp.zeros(shape, dtype)
     try:
@@ -131,4 +174,6 @@ def fill(
         ) from None
     if filler.type != "gaussian" and filler.sparse != -1:
         raise NetError(f"filler '{filler.type}' does not support 'sparse' (only gaussian does)")
-    return make(filler, tuple(shape), key, dtype)
+    shape = tuple(shape)
+    draws = key if isinstance(key, Draws) else Draws(key, *draws_needed(filler, shape), dtype)
+    return make(filler, shape, draws, dtype).astype(dtype)

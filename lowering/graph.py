@@ -25,7 +25,7 @@ from jax import lax
 
 from caffe2jax import ir
 from caffe2jax.errors import InputShapeError, NetError
-from caffe2jax.lowering.fillers import fill
+from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.registry import Context, Lowering, ParamDecl, Shape, lookup
 
 Params = dict[str, list[Any]]
@@ -50,6 +50,7 @@ class Graph:
     ):
         self.dtype = jnp.dtype(dtype)
         self.phase = net.phase
+        self._init = None
         self.lowerings: dict[str, Lowering] = {layer.name: lookup(layer) for layer in net.layers}
         self.decls: dict[str, list[ParamDecl]] = {}
         self.shared: dict[tuple[str, int], tuple[str, int]] = {}
@@ -168,23 +169,32 @@ class Graph:
     # -- run time -------------------------------------------------------------------------
 
     def init(self, key: jax.Array) -> tuple[Params, Params]:
-        """Fresh params and state from each blob's Caffe filler (shared slots hold None)."""
+        """Fresh params and state from each blob's Caffe filler (shared slots hold None).
+
+        One compiled program for the whole net, drawing from two shared sample pools.
+        """
+        if self._init is None:
+            self._init = jax.jit(self._init_fn)
+        return self._init(key)
+
+    def _owned(self) -> list[tuple[str, int, ParamDecl]]:
+        return [
+            (layer.name, j, decl)
+            for layer in self.net.layers
+            for j, decl in enumerate(self.decls.get(layer.name, []))
+            if (layer.name, j) not in self.shared
+        ]
+
+    def _init_fn(self, key: jax.Array) -> tuple[Params, Params]:
+        owned = self._owned()
+        needs = [draws_needed(decl.filler, decl.shape) for _, _, decl in owned]
+        draws = Draws(key, sum(n for n, _ in needs), sum(u for _, u in needs), self.dtype)
         params: Params = {}
         state: Params = {}
-        for k, layer in enumerate(self.net.layers):
-            decls = self.decls.get(layer.name, [])
-            p, s = [None] * len(decls), [None] * len(decls)
-            for j, decl in enumerate(decls):
-                if (layer.name, j) in self.shared:
-                    continue
-                value = fill(
-                    decl.filler, decl.shape, jax.random.fold_in(key, k * 64 + j), self.dtype
-                )
-                (s if decl.state else p)[j] = value
-            if any(v is not None for v in p):
-                params[layer.name] = p
-            if any(v is not None for v in s):
-                state[layer.name] = s
+        for name, j, decl in owned:
+            tree = state if decl.state else params
+            blobs = tree.setdefault(name, [None] * len(self.decls[name]))
+            blobs[j] = fill(decl.filler, decl.shape, draws, self.dtype)
         return params, state
 
     def layer_blobs(self, layer: ir.Layer, params: Params, state: Params) -> list[jax.Array]:

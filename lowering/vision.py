@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from caffe2jax import ir
@@ -270,7 +271,7 @@ def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     if n % 2 != 1:
         raise fail(layer, f"LRN only supports odd values for local_size, got {n}")
     half = (n - 1) // 2
-    zero = jnp.zeros((), x.dtype)
+    zero = np.zeros((), x.dtype)  # concrete under jit: a differentiable monoid reduction
     if p.norm_region == caffe_pb2.LRNParameter.ACROSS_CHANNELS:
         window = lax.reduce_window(
             x * x, zero, lax.add, (1, n, 1, 1), (1,) * 4, [(0, 0), (half, half), (0, 0), (0, 0)]
