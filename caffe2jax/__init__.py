@@ -7,6 +7,7 @@ Three ways in: the ``caffe2jax`` CLI (shaped like Caffe's ``caffe`` tool), the f
 
 __version__ = "0.1.0"
 
+from caffe2jax import io  # noqa: E402
 from caffe2jax.api import Model, compile  # noqa: E402,A004
 from caffe2jax.errors import CaffeError  # noqa: E402
 from caffe2jax.lowering.python_layer import register_python_layer  # noqa: E402
@@ -40,6 +41,7 @@ __all__ = [
     "__version__",
     "compile",
     "get_solver",
+    "io",
     "load_weights",
     "register_python_layer",
     "save_weights",

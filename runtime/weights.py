@@ -17,9 +17,10 @@ over ``path``; the bytes depend only on the net and the values.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,16 +173,24 @@ def load_weights(
     return target.finish()
 
 
-def _copy_from_binary(path: Path, target: Target) -> None:
-    """Net::CopyTrainedLayersFrom(NetParameter) over the layers of the file."""
+@contextlib.contextmanager
+def open_caffemodel(path: Path) -> Iterator[tuple[Scanner, str, list]]:
+    """``(scanner, net name, layers)`` of a binary NetParameter, blobs left unread; a clear
+    WeightsError when the file is not one."""
     with open(path, "rb") as handle:
         scan = Scanner(handle, path.stat().st_size)
         try:
-            _, layers = read_layers(scan)
+            name, layers = read_layers(scan)
         except WireError as err:
             raise WeightsError(f"{path}: not a binary NetParameter (caffemodel): {err}") from None
         if not layers:
             raise WeightsError(f"{path}: no layers in it: not a caffemodel")
+        yield scan, name, layers
+
+
+def _copy_from_binary(path: Path, target: Target) -> None:
+    """Net::CopyTrainedLayersFrom(NetParameter) over the layers of the file."""
+    with open_caffemodel(path) as (scan, _, layers):
         for source in layers:
             key = target.find(source.name)
             if key is None:

@@ -25,10 +25,11 @@ from caffe2jax.runtime.weights import (
     HDF5,
     format_for,
     load_weights,
+    open_caffemodel,
     save_weights,
     weights_format,
 )
-from caffe2jax.runtime.weights_binary import BlobBody, read_layers, write_net
+from caffe2jax.runtime.weights_binary import BlobBody, write_net
 
 if TYPE_CHECKING:
     from caffe2jax.api import Model
@@ -73,14 +74,7 @@ def _from_hdf5(source: Path, dest: Path, out_format: str) -> None:
 
 
 def _from_binary(source: Path, dest: Path, out_format: str) -> None:
-    with open(source, "rb") as handle:
-        scan = Scanner(handle, source.stat().st_size)
-        try:
-            name, layers = read_layers(scan)
-        except WireError as err:
-            raise WeightsError(f"{source}: not a binary NetParameter (caffemodel): {err}") from None
-        if not layers:
-            raise WeightsError(f"{source}: no layers in it: not a caffemodel")
+    with open_caffemodel(source) as (scan, name, layers):
         if out_format == HDF5:
             weights_hdf5.write_hdf5(
                 dest,

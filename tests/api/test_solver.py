@@ -157,3 +157,41 @@ def test_bad_solver_files(tmp_path, text, message):
     with pytest.raises(SolverError, match=message) as err:
         caffe2jax.get_solver(str(path))
     assert "\n" not in str(err.value)
+
+
+def test_hdf5_snapshots_round_trip(tmp_path):
+    solver, trace, _ = make_solver("sgd_momentum_l2", tmp_path)  # snapshot_format: HDF5
+    solver.step(4)
+    weights, state = (p.resolve() for p in solver.snapshot())
+    assert weights.name.endswith(".caffemodel.h5") and state.name.endswith(".solverstate.h5")
+    resumed, _, _ = make_solver("sgd_momentum_l2", tmp_path / "again", rows_from=4)
+    resumed.restore(state)
+    solver.step(3)
+    resumed.step(3)
+    for key, value in params_of(solver, trace).items():
+        np.testing.assert_array_equal(params_of(resumed, trace)[key], value)
+
+
+INPUT_NET = """
+layer { name: "data" type: "Input" top: "x" top: "y"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip"
+        inner_product_param { num_output: 2 weight_filler { type: "constant" value: 0 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "y" top: "loss" }
+"""
+
+
+def test_pycaffe_style_feeding_through_net_blobs(tmp_path):
+    """``solver.net.blobs['x'].data[...] = batch`` before ``step`` trains on that batch."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(INPUT_NET)
+    path = tmp_path / "solver.prototxt"
+    path.write_text(f'net: "{net}" base_lr: 0.5 lr_policy: "fixed" display: 0 max_iter: 100')
+    solver = caffe2jax.get_solver(str(path))
+    solver.net.blobs["x"].data[...] = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]])
+    solver.net.blobs["y"].data[...] = np.array([0, 1, 0, 1])
+    solver.step(1)
+    first = solver.smoothed_loss
+    assert first == pytest.approx(np.log(2), rel=1e-6)  # zero weights: uniform softmax
+    solver.step(50)
+    assert solver.smoothed_loss < 0.1 * first

@@ -10,26 +10,12 @@ import numpy as np
 import pytest
 
 from caffe2jax import ir
-from caffe2jax.api import compile as compile_net
 from caffe2jax.errors import NetError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.lowering.registry import lookup
+from tests.lowering.nets import one_layer
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def one_layer(body: str, inputs: dict[str, tuple[int, ...]], phase: str = "TEST"):
-    """A net: one Input layer with ``inputs``, then the layer ``body`` (named "layer")."""
-    tops = "".join(f'  top: "{name}"\n' for name in inputs)
-    shapes = "".join(
-        "    shape { " + " ".join(f"dim: {d}" for d in s) + " }\n" for s in inputs.values()
-    )
-    text = (
-        "force_backward: true\n"
-        f'layer {{\n  name: "input"\n  type: "Input"\n{tops}  input_param {{\n{shapes}  }}\n}}\n'
-        f'layer {{\n  name: "layer"\n{body}\n}}\n'
-    )
-    return compile_net(text, phase=phase)
 
 
 def run(model, inputs, params=None, state=None):

@@ -11,22 +11,9 @@ import pytest
 from caffe2jax.api import compile as compile_net
 from caffe2jax.errors import NetError
 from tests.golden import GOLDEN, load_npz
+from tests.lowering.nets import one_layer
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def one_layer(body: str, inputs: dict[str, tuple[int, ...]], phase: str = "TEST"):
-    """A net: one Input layer with ``inputs`` then the layer ``body`` (named "layer")."""
-    tops = "".join(f'  top: "{name}"\n' for name in inputs)
-    shapes = "".join(
-        "    shape { " + " ".join(f"dim: {d}" for d in shape) + " }\n" for shape in inputs.values()
-    )
-    text = (
-        "force_backward: true\n"
-        f'layer {{\n  name: "input"\n  type: "Input"\n{tops}  input_param {{\n{shapes}  }}\n}}\n'
-        f'layer {{\n  name: "layer"\n{body}\n}}\n'
-    )
-    return compile_net(text, phase=phase)
 
 
 def forward(model, inputs, params=None, rng=None):
