@@ -23,6 +23,7 @@ from caffe2jax import ir
 from caffe2jax.api import Model
 from caffe2jax.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime.feeding import Feeder, Sinks
 
 TRAIN = 0
@@ -150,6 +151,7 @@ class Net:
         self._model = Model(net, self._feeder.input_shapes(), dtype)
         self._rng = jax.random.key(seed)
         self._jitted: dict[tuple, Any] = {}
+        self._carry: dict[str, list] = {}
         params, state = self._model.init(jax.random.key(seed))
         self._make_blobs()
         self._make_params(params, state)
@@ -195,9 +197,13 @@ class Net:
         self._set_params(params, state)
 
     def _set_params(self, params, state) -> None:
-        """New values for the param Blobs, in place (references users hold stay valid)."""
+        """New values for the param Blobs, in place (references users hold stay valid); values
+        a layer carries between forwards (not Caffe blobs) are kept aside."""
         for tree in (params, state):
             for name, values in tree.items():
+                if is_carry(name):
+                    self._carry[name] = list(values)
+                    continue
                 for j, value in enumerate(values):
                     if value is not None:
                         self.params[name][j]._set_device(value)
@@ -245,6 +251,7 @@ class Net:
                 params[layer.name] = p
             if any(v is not None for v in s):
                 state[layer.name] = s
+        state.update(self._carry)
         return params, state
 
     # -- forward / backward -----------------------------------------------------------------

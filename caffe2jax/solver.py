@@ -23,6 +23,7 @@ from caffe2jax.errors import CaffeError, SolverError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.parse import read_message, read_net
 from caffe2jax.frontend.upgrade import upgrade_solver
+from caffe2jax.lowering.registry import is_carry
 from caffe2jax.pycaffe import TEST, TRAIN, Net
 from caffe2jax.runtime import solvers
 from caffe2jax.runtime.solverstate import (
@@ -330,7 +331,7 @@ class Solver:
         mine_p, mine_s = test_net._trees()
         for tree, source in ((mine_p, params), (mine_s, state)):
             for name, blobs in tree.items():
-                if name in source:
+                if name in source and not is_carry(name):
                     for j, value in enumerate(source[name]):
                         if j < len(blobs) and value is not None:
                             if tuple(value.shape) != tuple(blobs[j].shape):

@@ -26,7 +26,14 @@ from jax import lax
 from caffe2jax import ir
 from caffe2jax.errors import InputShapeError, NetError
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
-from caffe2jax.lowering.registry import Context, Lowering, ParamDecl, Shape, lookup
+from caffe2jax.lowering.registry import (
+    Context,
+    Lowering,
+    ParamDecl,
+    Shape,
+    carry_key,
+    lookup,
+)
 
 Params = dict[str, list[Any]]
 
@@ -53,6 +60,7 @@ class Graph:
         self._init = None
         self.lowerings: dict[str, Lowering] = {layer.name: lookup(layer) for layer in net.layers}
         self.decls: dict[str, list[ParamDecl]] = {}
+        self.carries: dict[str, list[ParamDecl]] = {}
         self.shared: dict[tuple[str, int], tuple[str, int]] = {}
         self.inputs: dict[str, Shape] = {}
         self._input_ssa: dict[str, str] = {}
@@ -99,6 +107,9 @@ class Graph:
                 continue
             bottom_shapes = [shapes[b] for b in layer.bottoms]
             self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
+            carries = lowering.declare_carry(layer, bottom_shapes)
+            if carries:
+                self.carries[layer.name] = carries
             tops = self._eval_tops(k, layer, lowering, bottom_shapes)
             shapes.update(zip(layer.tops, tops))
         if given:
@@ -109,10 +120,13 @@ class Graph:
         blobs = [jax.ShapeDtypeStruct(d.shape, self.dtype) for d in self.decls[layer.name]]
         bottoms = [jax.ShapeDtypeStruct(s, self.dtype) for s in bottom_shapes]
 
+        carry = [jnp.zeros(d.shape, self.dtype) for d in self.carries.get(layer.name, [])]
+
         def run(blobs, bottoms):
             ctx = Context(self.phase, jax.random.key(0), self.dtype, layer_name=layer.name)
+            ctx.carry = carry
             out = lowering.fn(layer, blobs, bottoms, ctx)
-            return out[0] if lowering.stateful else out
+            return out[0] if lowering.stateful or carry else out
 
         try:
             tops = jax.eval_shape(run, blobs, bottoms)
@@ -195,6 +209,8 @@ class Graph:
             tree = state if decl.state else params
             blobs = tree.setdefault(name, [None] * len(self.decls[name]))
             blobs[j] = fill(decl.filler, decl.shape, draws, self.dtype)
+        for name, decls in self.carries.items():
+            state[carry_key(name)] = [jnp.zeros(d.shape, self.dtype) for d in decls]
         return params, state
 
     def layer_blobs(self, layer: ir.Layer, params: Params, state: Params) -> list[jax.Array]:
@@ -277,7 +293,16 @@ class Graph:
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
             ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name, layer_index=k)
+            if layer.name in self.carries:
+                ctx.carry = [
+                    lax.stop_gradient(c)
+                    for c in state.get(carry_key(layer.name))
+                    or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
+                ]
             out = lowering.fn(layer, blobs, bottoms, ctx)
+            if layer.name in self.carries:
+                out, carried = out
+                new_state[carry_key(layer.name)] = [lax.stop_gradient(c) for c in carried]
             if lowering.stateful:
                 out, updated = out
                 slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]

@@ -19,9 +19,11 @@ LSTMUnitLayer:
 - With ``expose_hidden``, Caffe shares only the *data* of the ``h0``/``c0`` bottoms and the
   ``hT``/``cT`` tops with its inner net, never their diffs: the initial-state bottoms get no
   gradient and the final-state tops' diffs are ignored. Both are stop_gradient here.
-- Not reproduced: without ``expose_hidden``, Caffe's layer copies ``h_T`` into ``h_0`` before
-  each forward, so the state carries across successive forward calls; here every forward
-  starts from zeros (a pure function has nowhere to keep it).
+- Without ``expose_hidden``, Caffe's layer copies ``h_T`` (and ``c_T``) into ``h_0`` before
+  each forward, so the state carries across successive forward calls (truncated BPTT when
+  ``cont`` is 1 at a batch's first step): the layer declares them as carried values
+  (``carry_shapes``), which the graph threads through ``state``, zeros at first, with no
+  gradient, and never in a weights file.
 """
 
 from __future__ import annotations
@@ -111,11 +113,20 @@ def _ip(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
     return y if b is None else y + b
 
 
-def _initial(layout: _Layout, states, index: int, dtype) -> jax.Array:
-    """Initial state ``index`` as (N, D): the exposed bottom, or zeros."""
+def _initial(layout: _Layout, states, index: int, ctx) -> jax.Array:
+    """Initial state ``index`` as (N, D): the exposed bottom, else the carried last state of
+    the previous forward (zeros at first)."""
     if states:
         return jnp.reshape(states[index], (layout.streams, layout.hidden))
-    return jnp.zeros((layout.streams, layout.hidden), dtype)
+    return ctx.carry[index]
+
+
+def _carry_decls(layer: ir.Layer, bottom_shapes, num_states: int) -> list[ParamDecl]:
+    """h (and c) of the last step, carried into the next forward unless expose_hidden."""
+    layout = _layout(layer, bottom_shapes, num_states)
+    if layout.exposed:
+        return []
+    return [ParamDecl((layout.streams, layout.hidden))] * num_states
 
 
 def _recurrent_decls(layer: ir.Layer, layout: _Layout, gates: int) -> list[ParamDecl]:
@@ -154,10 +165,10 @@ def rnn(layer, params, bottoms, ctx):
         h = jnp.tanh(pre)
         return h, h
 
-    h_last, hs = lax.scan(step, _initial(layout, states, 0, x.dtype), (x_proj, cont))
+    h_last, hs = lax.scan(step, _initial(layout, states, 0, ctx), (x_proj, cont))
     out = jnp.tanh(_ip(hs, w_ho, b_o))
     if not layout.exposed:
-        return [out]
+        return [out], [h_last]
     return [out, lax.stop_gradient(h_last[None])]
 
 
@@ -168,6 +179,11 @@ def _(layer, bottom_shapes):
     d = layout.hidden
     decls = _recurrent_decls(layer, layout, 1)
     return decls + [ParamDecl((d, d), p.weight_filler), ParamDecl((d,), p.bias_filler)]
+
+
+@rnn.carry_shapes
+def _(layer, bottom_shapes):
+    return _carry_decls(layer, bottom_shapes, 1)
 
 
 # --- LSTM -----------------------------------------------------------------------------------
@@ -218,16 +234,21 @@ def lstm(layer, params, bottoms, ctx):
         c, h = _lstm_unit(c, gates, cont_t)
         return (h, c), h
 
-    init = (_initial(layout, states, 0, x.dtype), _initial(layout, states, 1, x.dtype))
+    init = (_initial(layout, states, 0, ctx), _initial(layout, states, 1, ctx))
     (h_last, c_last), hs = lax.scan(step, init, (x_proj, cont))
     if not layout.exposed:
-        return [hs]
+        return [hs], [h_last, c_last]
     return [hs, lax.stop_gradient(h_last[None]), lax.stop_gradient(c_last[None])]
 
 
 @lstm.param_shapes
 def _(layer, bottom_shapes):
     return _recurrent_decls(layer, _layout(layer, bottom_shapes, 2), 4)
+
+
+@lstm.carry_shapes
+def _(layer, bottom_shapes):
+    return _carry_decls(layer, bottom_shapes, 2)
 
 
 # --- LSTMUnit -------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class Context:
     state: list[jax.Array] = field(default_factory=list)
     layer_name: str = ""
     layer_index: int = 0
+    carry: list[jax.Array] = field(default_factory=list)
 
     @property
     def train(self) -> bool:
@@ -86,6 +87,7 @@ class Lowering:
     source: bool = False
     no_force_backward: tuple[int, ...] = ()
     _param_shapes: ParamShapesFn | None = None
+    _carry_shapes: ParamShapesFn | None = None
 
     def __call__(self, layer, params, bottoms, ctx):
         return self.fn(layer, params, bottoms, ctx)
@@ -94,6 +96,19 @@ class Lowering:
         """Decorator: declare the layer's param blobs from its bottom shapes."""
         self._param_shapes = fn
         return fn
+
+    def carry_shapes(self, fn: ParamShapesFn) -> ParamShapesFn:
+        """Decorator: declare values the layer carries from one forward to the next (Caffe's
+        RecurrentLayer copies its last hidden state into the next forward's first). They are
+        not Caffe blobs: kept in ``state`` under :func:`carry_key`, never in weight files. The
+        lowering reads ``ctx.carry`` and returns ``(tops, new_carry)``."""
+        self._carry_shapes = fn
+        return fn
+
+    def declare_carry(self, layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
+        if self._carry_shapes is None:
+            return []
+        return list(self._carry_shapes(layer, bottom_shapes))
 
     def declare(self, layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
         if self._param_shapes is None:
@@ -106,6 +121,17 @@ class Lowering:
 
 
 _REGISTRY: dict[str, Lowering] = {}
+
+CARRY = "#carry"
+
+
+def carry_key(layer_name: str) -> str:
+    """The ``state`` key of a layer's carried values (see :meth:`Lowering.carry_shapes`)."""
+    return layer_name + CARRY
+
+
+def is_carry(key: str) -> bool:
+    return key.endswith(CARRY)
 
 
 def register(

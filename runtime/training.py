@@ -20,6 +20,7 @@ from jax import lax
 
 from caffe2jax.api import Model
 from caffe2jax.lowering.graph import Params
+from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime.solvers import caffe_solver
 
 UNROLL_ITER_SIZE = 4
@@ -27,9 +28,10 @@ UNROLL_ITER_SIZE = 4
 
 def merge(params: Params, state: Params) -> Params:
     """One tree holding every owned blob: param slots from ``params``, state slots from
-    ``state`` (shared slots stay None)."""
+    ``state`` (shared slots stay None). Values a layer carries between forwards are not Caffe
+    blobs and stay out."""
     out = {}
-    for name in dict.fromkeys([*params, *state]):
+    for name in dict.fromkeys([*params, *(k for k in state if not is_carry(k))]):
         p, s = params.get(name), state.get(name)
         blobs = p if p is not None else s
         out[name] = [

@@ -5,6 +5,7 @@ COMMANDS: list[str] = [
     "convert_imageset",
     "convert_weights",
     "device_query",
+    "draw",
     "export",
     "plot",
     "rl",

@@ -126,3 +126,11 @@ def test_train_bad_solver_is_one_line(tmp_path):
             "unknown solver type 'Fast'; known: SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam"
         )
     )
+
+
+def test_draw_writes_graphviz_source(tmp_path):
+    out = tmp_path / "lenet.dot"
+    cli("draw", MODELS / "examples/mnist/lenet_train_test.prototxt", out)
+    dot = out.read_text()
+    assert dot.startswith('digraph "LeNet"') and '"layer:conv1" -> "blob:conv1"' in dot
+    assert '"blob:data" -> "layer:conv1"' in dot

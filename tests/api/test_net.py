@@ -180,3 +180,26 @@ def test_old_style_constructor_and_phase_names():
     assert net.phase == "TRAIN" and "loss" in net.outputs
     with pytest.raises(caffe2jax.CaffeError, match="unknown phase"):
         caffe2jax.Net(str(LENET), 7)
+
+
+def test_recurrent_state_carries_across_forwards(tmp_path):
+    """Caffe's RecurrentLayer copies h_T (and c_T) into the next forward's h_0: with cont = 1
+    at the first step the sequence continues; cont = 0 starts afresh."""
+    text = (GOLDEN / "layers" / "lstm.prototxt").read_text()
+    net = caffe2jax.Net(text)
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
+    fresh = np.ones((3, 2), np.float32)
+    fresh[0] = 0
+    first = net.forward(x=x, cont=fresh)["h"].copy()
+    continued = net.forward(x=x, cont=np.ones((3, 2), np.float32))["h"].copy()
+    again = net.forward(x=x, cont=fresh)["h"].copy()
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(continued - first).max() > 1e-3
+    # The carried state is not a Caffe blob: weight files keep the LSTM's 3 blobs.
+    net.save(str(tmp_path / "lstm.caffemodel"))
+    from caffe2jax.frontend import caffe_pb2
+
+    saved = caffe_pb2.NetParameter()
+    saved.ParseFromString((tmp_path / "lstm.caffemodel").read_bytes())
+    assert [len(layer.blobs) for layer in saved.layer if layer.name == "layer"] == [3]
+    assert len(net.params["layer"]) == 3
