@@ -29,6 +29,7 @@ import numpy as np
 
 from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_stream
+from caffe2jax.lowering.registry import carry_key
 from caffe2jax.runtime import weights_hdf5
 from caffe2jax.runtime.blob import RawBlob, Scanner, WireError, read_blob
 from caffe2jax.runtime.weights_binary import (
@@ -140,6 +141,12 @@ class Target:
                         slots[j] = fresh[int(is_state)][key][j]
                 if any(v is not None for v in slots):
                     result[key] = slots
+        for name in self.graph.carries:  # carried values: not in weight files
+            carried = self.trees[True].get(carry_key(name))
+            if carried is None:
+                fresh = fresh or self.model.init(0)
+                carried = fresh[1][carry_key(name)]
+            out[1][carry_key(name)] = list(carried)
         return out
 
 
