@@ -129,6 +129,12 @@ class Solver:
                              self.param.test_state[i] if self.param.test_state else None))
             for i, net in enumerate(tests)
         ]  # fmt: skip
+        for layer in self.net.model.net.layers:
+            if layer.type == "HDF5Output":
+                self.log.warning(
+                    f"HDF5Output layer '{layer.name}' in the train net is not written during "
+                    "the compiled train steps (test nets and Net.forward write it)"
+                )
         params, state = self.net._trees()
         try:
             self._trainer = Trainer(self.net.model, self.param, params, state)
