@@ -322,7 +322,7 @@ class Net:
         params, state = self._trees()
         self._rng, rng = jax.random.split(self._rng)
         env, new_state = self._compiled("forward", first, stop)(params, state, self._env(), rng)
-        self._last_rng = rng
+        self._last_rng, self._forward_state = rng, state
         net = self._model.net
         for user, blob in self.blobs.items():
             ssa = net.blob_names[user]
@@ -333,12 +333,16 @@ class Net:
         wanted = list(self.outputs) + [b for b in (blobs or []) if b not in self.outputs]
         return {name: self.blobs[name].data for name in wanted}
 
-    def _backward_fn(self):
-        graph, net = self._model.graph, self._model.net
-        seeds = list(dict.fromkeys(
+    def _seeds(self) -> list[str]:
+        """Blobs whose diffs start the backward pass: the outputs and every loss top."""
+        net = self._model.net
+        return list(dict.fromkeys(
             [net.blob_names[o] for o in net.outputs]
             + [t for layer in net.layers for t, w in zip(layer.tops, layer.loss_weights) if w]
         ))  # fmt: skip
+
+    def _backward_fn(self):
+        graph, seeds = self._model.graph, self._seeds()
 
         def fn(params, state, env, rng, taps, cotangents):
             def objective(params, taps):
@@ -347,7 +351,6 @@ class Net:
 
             return jax.grad(objective, argnums=(0, 1))(params, taps)
 
-        fn.seeds = seeds
         return fn
 
     def backward(
@@ -370,10 +373,9 @@ class Net:
             self.blobs[name].diff[...] = value
         net = self._model.net
         fn = self._compiled("backward", 0, len(self.layers))
-        seeds = self._backward_fn().seeds
         users = {ssa: user for user, ssa in net.blob_names.items()}
         cotangents = {}
-        for ssa in seeds:
+        for ssa in self._seeds():
             layer = net.producer()[ssa]
             weight = dict(zip(layer.tops, layer.loss_weights)).get(ssa, 0.0)
             diff = self.blobs[users[ssa]].diff if ssa in users else None
@@ -381,12 +383,15 @@ class Net:
                 net.shapes[ssa], weight, self._model.dtype))  # fmt: skip
         taps = {ssa: jnp.zeros(net.shapes[ssa], self._model.dtype)
                 for ssa in net.first_version.values()}  # fmt: skip
-        params, state = self._trees()
+        params, _ = self._trees()
+        # The forward is recomputed from the inputs with the rng and state it ran with (the
+        # state before it: a recurrent layer's carried values have moved on since).
+        state = getattr(self, "_forward_state", None) or self._trees()[1]
         rng = getattr(self, "_last_rng", self._rng)
-        env = self._input_env()
-        grad_params, grad_taps = fn(params, state, env, rng, taps, cotangents)
+        grad_params, grad_taps = fn(params, state, self._input_env(), rng, taps, cotangents)
+        outputs = set(self.outputs)
         for user, ssa in net.first_version.items():
-            if user not in [o for o in self.outputs]:
+            if user not in outputs:
                 self.blobs[user].diff[...] = np.asarray(grad_taps[ssa])
         for name, blobs in grad_params.items():
             for j, g in enumerate(blobs):
