@@ -9,9 +9,10 @@ __version__ = "0.1.0"
 
 from caffe2jax import io  # noqa: E402
 from caffe2jax.api import Model, compile  # noqa: E402,A004
+from caffe2jax.blob import Blob  # noqa: E402
 from caffe2jax.errors import CaffeError  # noqa: E402
 from caffe2jax.lowering.python_layer import register_python_layer  # noqa: E402
-from caffe2jax.pycaffe import TEST, TRAIN, Blob, Net  # noqa: E402
+from caffe2jax.pycaffe import TEST, TRAIN, Net  # noqa: E402
 from caffe2jax.runtime.weights import load_weights, save_weights  # noqa: E402
 from caffe2jax.solver import (  # noqa: E402
     AdaDeltaSolver,

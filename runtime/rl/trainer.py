@@ -37,9 +37,9 @@ from caffe2jax.runtime.rl import config as rl_config
 from caffe2jax.runtime.rl import host_loop, rule
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
 from caffe2jax.runtime.rl.rollout import Lanes, RolloutOptions, Trajectory, new_lanes, rollout
+from caffe2jax.runtime.solver_setup import read_solver_param, resolve
 from caffe2jax.runtime.solvers import caffe_solver, solver_iter
 from caffe2jax.runtime.training import merge, multipliers, split
-from caffe2jax.solver import read_solver_param, resolve
 
 SOLVED_WINDOW = 100
 
