@@ -12,6 +12,12 @@ from caffe2jax.api import Model, compile  # noqa: E402,A004
 from caffe2jax.blob import Blob  # noqa: E402
 from caffe2jax.errors import CaffeError  # noqa: E402
 from caffe2jax.lowering.python_layer import register_python_layer  # noqa: E402
+from caffe2jax.mode import (  # noqa: E402
+    set_device,
+    set_mode_cpu,
+    set_mode_gpu,
+    set_random_seed,
+)
 from caffe2jax.pycaffe import TEST, TRAIN, Net  # noqa: E402
 from caffe2jax.runtime.weights import load_weights, save_weights  # noqa: E402
 from caffe2jax.solver import (  # noqa: E402
@@ -46,4 +52,8 @@ __all__ = [
     "load_weights",
     "register_python_layer",
     "save_weights",
+    "set_device",
+    "set_mode_cpu",
+    "set_mode_gpu",
+    "set_random_seed",
 ]

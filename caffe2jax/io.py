@@ -1,10 +1,20 @@
-"""pycaffe's ``caffe.io`` helpers: Datum and BlobProto ↔ numpy.
+"""pycaffe's ``caffe.io``: Datum and BlobProto ↔ numpy, image loading, and the input
+``Transformer`` that deploy scripts use.
 
-``array_to_datum(arr, label)``, ``datum_to_array(datum)``, ``array_to_blobproto(arr)``,
-``blobproto_to_array(blob)``, plus file helpers for mean files (``read_blobproto``,
-``write_blobproto``) and encoded images (``encoded_datum``).
+``Transformer`` reproduces pycaffe's preprocessing order: resize to the input's spatial size,
+transpose, channel swap, raw scale, mean subtraction, input scale (and ``deprocess`` undoes it).
+Images load as float32 H×W×C RGB in [0, 1], as pycaffe's ``load_image`` returns them.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from caffe2jax.errors import DataError
 from caffe2jax.runtime.data.datum import (
     array_to_blobproto,
     array_to_datum,
@@ -17,12 +27,130 @@ from caffe2jax.runtime.data.datum import (
 )
 
 __all__ = [
+    "Transformer",
     "array_to_blobproto",
     "array_to_datum",
     "blobproto_to_array",
     "datum_to_array",
     "encoded_datum",
+    "load_image",
     "parse_datum",
     "read_blobproto",
+    "resize_image",
     "write_blobproto",
 ]
+
+
+def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
+    """An image as float32 H×W×3 RGB (or H×W×1 gray with ``color=False``) in [0, 1]."""
+    try:
+        with Image.open(filename) as image:
+            pixels = np.asarray(image.convert("RGB" if color else "L"), np.float32) / 255.0
+    except (OSError, ValueError) as err:
+        raise DataError(f"{filename}: cannot read image ({err})") from None
+    return pixels if color else pixels[:, :, None]
+
+
+def resize_image(image: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
+    """Resize an H×W×K float image to ``new_dims`` (height, width); bilinear by default,
+    nearest with ``interp_order=0``. Values keep their range."""
+    height, width = int(new_dims[0]), int(new_dims[1])
+    if image.shape[:2] == (height, width):
+        return image.astype(np.float32)
+    method = Image.NEAREST if interp_order == 0 else Image.BILINEAR
+    channels = [
+        np.asarray(
+            Image.fromarray(image[:, :, k].astype(np.float32), mode="F").resize(
+                (width, height), method
+            )
+        )
+        for k in range(image.shape[2])
+    ]
+    return np.stack(channels, axis=2).astype(np.float32)
+
+
+class Transformer:
+    """pycaffe's input Transformer: ``preprocess(name, image)`` turns an H×W×K image into the
+    net's C×H×W layout (``set_transpose``, ``set_channel_swap``, ``set_raw_scale``,
+    ``set_mean``, ``set_input_scale``); ``deprocess`` inverts it."""
+
+    def __init__(self, inputs: dict[str, Sequence[int]]):
+        self.inputs = {name: tuple(int(d) for d in shape) for name, shape in inputs.items()}
+        self.transpose: dict[str, tuple[int, ...]] = {}
+        self.channel_swap: dict[str, tuple[int, ...]] = {}
+        self.raw_scale: dict[str, float] = {}
+        self.mean: dict[str, np.ndarray] = {}
+        self.input_scale: dict[str, float] = {}
+
+    def _check(self, name: str) -> tuple[int, ...]:
+        if name not in self.inputs:
+            raise DataError(f"{name} is not one of the net inputs: {', '.join(self.inputs)}")
+        return self.inputs[name]
+
+    def set_transpose(self, name: str, order: Sequence[int]) -> None:
+        shape = self._check(name)
+        if len(order) != len(shape) - 1:
+            raise DataError(f"transpose order for {name} must have {len(shape) - 1} axes")
+        self.transpose[name] = tuple(order)
+
+    def set_channel_swap(self, name: str, order: Sequence[int]) -> None:
+        shape = self._check(name)
+        if len(order) != shape[1]:
+            raise DataError(f"channel swap for {name} needs {shape[1]} channels, got {len(order)}")
+        self.channel_swap[name] = tuple(order)
+
+    def set_raw_scale(self, name: str, scale: float) -> None:
+        self._check(name)
+        self.raw_scale[name] = float(scale)
+
+    def set_input_scale(self, name: str, scale: float) -> None:
+        self._check(name)
+        self.input_scale[name] = float(scale)
+
+    def set_mean(self, name: str, mean: np.ndarray) -> None:
+        """A per-channel mean (K,) or a full K×H×W mean, in the net's channel order."""
+        shape = self._check(name)
+        mean = np.asarray(mean, np.float32)
+        if mean.ndim == 1:
+            if mean.shape[0] != shape[1]:
+                raise DataError(f"mean for {name} needs {shape[1]} channels, got {mean.shape[0]}")
+            mean = mean[:, None, None]
+        elif mean.shape != tuple(shape[1:]):
+            raise DataError(f"mean for {name} must be {list(shape[1:])}, got {list(mean.shape)}")
+        self.mean[name] = mean
+
+    def preprocess(self, name: str, data: np.ndarray) -> np.ndarray:
+        """H×W×K image → the net's K×H×W input (pycaffe's order of operations)."""
+        shape = self._check(name)
+        out = np.asarray(data, np.float32)
+        if out.shape[:2] != tuple(shape[2:]):
+            out = resize_image(out, shape[2:])
+        if name in self.transpose:
+            out = out.transpose(self.transpose[name])
+        if name in self.channel_swap:
+            out = out[list(self.channel_swap[name]), :, :]
+        if name in self.raw_scale:
+            out = out * self.raw_scale[name]
+        if name in self.mean:
+            out = out - self.mean[name]
+        if name in self.input_scale:
+            out = out * self.input_scale[name]
+        return out.astype(np.float32)
+
+    def deprocess(self, name: str, data: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`preprocess` (without the resize)."""
+        self._check(name)
+        out = np.asarray(data, np.float32).squeeze()
+        if out.ndim == 2:
+            out = out[None]
+        if name in self.input_scale:
+            out = out / self.input_scale[name]
+        if name in self.mean:
+            out = out + self.mean[name]
+        if name in self.raw_scale:
+            out = out / self.raw_scale[name]
+        if name in self.channel_swap:
+            out = out[np.argsort(self.channel_swap[name]), :, :]
+        if name in self.transpose:
+            out = out.transpose(np.argsort(self.transpose[name]))
+        return out

@@ -25,6 +25,7 @@ from caffe2jax.blob import Blob, Layer
 from caffe2jax.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.registry import is_carry
+from caffe2jax.mode import random_seed
 from caffe2jax.runtime.feeding import Feeder, Sinks
 
 TRAIN = 0
@@ -56,7 +57,7 @@ class Net:
         stages: Sequence[str] | None = None,
         weights: str | os.PathLike | None = None,
         dtype: Any = jnp.float32,
-        seed: int = 0,
+        seed: int | None = None,
         state: Any = None,
         base_dir: str | os.PathLike | None = None,
     ):
@@ -68,6 +69,7 @@ class Net:
         ):
             weights, phase_or_weights = phase_or_weights, TEST if phase is None else phase
         self.phase = phase_name(phase_or_weights)
+        seed = random_seed() if seed is None else seed
         self._source = network_file
         if base_dir is not None:
             self._base_dir = Path(base_dir)
@@ -262,6 +264,29 @@ class Net:
         self._sinks.write(env)
         wanted = list(self.outputs) + [b for b in (blobs or []) if b not in self.outputs]
         return {name: self.blobs[name].data for name in wanted}
+
+    def forward_all(self, blobs: Sequence[str] | None = None, **kwargs: Any) -> dict:
+        """Forward every row of the given input arrays, a batch at a time (the last batch is
+        padded); returns the outputs (and ``blobs``) for all rows, as pycaffe does."""
+        if not kwargs:
+            raise NetError("forward_all() needs the input arrays as keywords")
+        rows = {len(v) for v in kwargs.values()}
+        if len(rows) != 1:
+            raise NetError("forward_all(): every input needs the same number of rows")
+        total = rows.pop()
+        batch = self.blobs[next(iter(kwargs))].shape[0]
+        outs: dict[str, list[np.ndarray]] = {}
+        for start in range(0, total, batch):
+            chunk = {}
+            for name, value in kwargs.items():
+                part = np.asarray(value[start : start + batch], np.float32)
+                if len(part) < batch:  # pad the last batch, as pycaffe does
+                    pad = np.zeros((batch - len(part), *part.shape[1:]), np.float32)
+                    part = np.concatenate([part, pad])
+                chunk[name] = part
+            for name, value in self.forward(blobs, **chunk).items():
+                outs.setdefault(name, []).append(np.array(value))
+        return {name: np.concatenate(parts)[:total] for name, parts in outs.items()}
 
     def _seeds(self) -> list[str]:
         """Blobs whose diffs start the backward pass: the outputs and every loss top."""
