@@ -374,6 +374,11 @@ class Net:
             self.blobs[name] = old[name]
         self._make_params(params, state)
 
+    def close(self) -> None:
+        """Stop the data layers' prefetch threads and close their files and sinks."""
+        self._feeder.close()
+        self._sinks.close()
+
     def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
         """MemoryData: each forward takes the next batch_size rows, wrapping (Caffe's Reset)."""
         self._feeder.set_input_arrays(data, labels)

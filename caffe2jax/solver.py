@@ -113,6 +113,11 @@ class Solver:
         for net in [self.net, *self.test_nets]:
             net.copy_from(path)
 
+    def close(self) -> None:
+        """Stop every net's data prefetching and close its files."""
+        for net in [self.net, *self.test_nets]:
+            net.close()
+
     def request_stop(self) -> None:
         """Finish the current iteration, then stop (Caffe's SIGINT action "stop")."""
         self.stopped = True

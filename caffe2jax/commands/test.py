@@ -25,24 +25,34 @@ def run(args: argparse.Namespace) -> int:
 
     log = logs.setup(None)
     net = Net(args.model, args.phase, level=args.level, stages=args.stage, weights=args.weights)
-    log.info(f"Running for {args.iterations} iterations.")
+    try:
+        score(net, args.iterations, log)
+    finally:
+        net.close()
+    return 0
+
+
+def score(net, iterations: int, log) -> dict[str, np.ndarray]:
+    """Caffe's test(): per-batch output lines, the mean loss, then each output's mean."""
+    log.info(f"Running for {iterations} iterations.")
     graph, names = net.model.graph, net.model.net.blob_names
     weights = {u: w for layer in net.model.net.layers
                for u, w in zip(layer.top_names, layer.loss_weights)}  # fmt: skip
     sums: dict[str, np.ndarray] = {}
     loss = 0.0
-    for i in range(args.iterations):
+    for i in range(iterations):
         out = net.forward()
         loss += float(graph.objective({names[k]: v for k, v in out.items()}))
         for name, value in out.items():
             value = np.atleast_1d(np.asarray(value, np.float64)).ravel()
             sums[name] = sums.get(name, 0) + value
-            for score in value:
-                log.info(f"Batch {i}, {name} = {score:.6g}")
-    log.info(f"Loss: {loss / max(args.iterations, 1):.6g}")
-    for name, total in sums.items():
+            for item in value:
+                log.info(f"Batch {i}, {name} = {item:.6g}")
+    log.info(f"Loss: {loss / max(iterations, 1):.6g}")
+    means = {name: total / max(iterations, 1) for name, total in sums.items()}
+    for name, mean in means.items():
         weight = weights.get(name, 0.0)
-        for score in total / max(args.iterations, 1):
-            extra = f" (* {weight:g} = {weight * score:.6g} loss)" if weight else ""
-            log.info(f"{name} = {score:.6g}{extra}")
-    return 0
+        for item in mean:
+            extra = f" (* {weight:g} = {weight * item:.6g} loss)" if weight else ""
+            log.info(f"{name} = {item:.6g}{extra}")
+    return means

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         solver.solve(args.snapshot)
     finally:
         signal.signal(signal.SIGINT, previous)
+        solver.close()
         if bar is not None:
             bar.close()
     if solver.stopped:

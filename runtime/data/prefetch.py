@@ -11,8 +11,10 @@ later one).
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -57,6 +59,9 @@ class Prefetcher(DataSource):
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"prefetch-{self.name}", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a read or a device transfer when the interpreter
+        # finalizes can abort the process: stop it first.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def _run(self) -> None:
         try:
@@ -114,3 +119,9 @@ class Prefetcher(DataSource):
                 break
         self._thread.join()
         self.source.close()
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    prefetcher = ref()
+    if prefetcher is not None:
+        prefetcher.close()
