@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tests.cli_runner import run_cli
 from tests.golden import GOLDEN, MODELS, ROOT
 
 DIGITS = ROOT / "examples" / "digits"
 
 
 def cli(*args, cwd=None, check=True):
-    proc = subprocess.run(
-        [sys.executable, "-m", "caffe2jax", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, timeout=600,
-    )  # fmt: skip
+    proc = run_cli(*args, cwd=cwd)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -14,6 +11,7 @@ import caffe2jax
 from caffe2jax.errors import CaffeError
 from caffe2jax.runtime.export import describe, export_forward, load_exported, save_exported
 from caffe2jax.runtime.weights import load_weights
+from tests import cli_runner
 from tests.golden import GOLDEN, require
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -36,12 +34,7 @@ def test_exported_forward_equals_apply(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "caffe2jax", "export", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli_runner.run_cli("export", *args)
 
 
 def test_cli_export_with_input_shape_and_two_platforms(tmp_path):

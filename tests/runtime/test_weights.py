@@ -16,6 +16,7 @@ from caffe2jax.errors import WeightsError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.runtime.weights import load_weights, save_weights, weights_format
 from caffe2jax.runtime.weights_binary import caffe_layer_params
+from tests.cli_runner import run_cli
 from tests.golden import GOLDEN, MODELS, load_npz, require
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -398,15 +399,7 @@ def test_large_caffemodel_streams_one_blob_at_a_time(tmp_path):
 
 
 def cli(*args: str | Path):
-    import subprocess
-    import sys
-
-    return subprocess.run(
-        [sys.executable, "-m", "caffe2jax", "convert-weights", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli("convert-weights", *args)
 
 
 def test_cli_converts_both_ways(tmp_path):
