@@ -150,40 +150,19 @@ class _Node:
 
 
 def _insert_splits(net: Net, num_params: Mapping[str, int]) -> list[_Node]:
-    """Caffe's InsertSplits: a blob version read more than once (a nonzero loss_weight written in
-    the prototxt counts as a read) gets a Split layer, and each reader its own copy."""
-    readers: dict[str, int] = {}
-    for layer in net.layers:
-        for b in layer.bottoms:
-            readers[b] = readers.get(b, 0) + 1
-        for top, w in zip(layer.tops, layer.param.loss_weight if layer.param else ()):
-            if w:
-                readers[top] = readers.get(top, 0) + 1
-    nodes: list[_Node] = []
-    handed_out: dict[str, int] = {}
-    for layer in net.layers:
-        bottoms = []
-        for b in layer.bottoms:
-            if readers.get(b, 0) > 1:
-                handed_out[b] = handed_out.get(b, 0) + 1
-                b = f"{b}_split_{handed_out[b] - 1}"
-            bottoms.append(b)
+    """The layers of Caffe's InsertSplits (:mod:`caffe2jax.frontend.splits`) as analysis nodes."""
+    from caffe2jax.frontend.splits import insert_splits
+
+    nodes = []
+    for caffe in insert_splits(net):
+        if caffe.is_split:
+            nodes.append(_Node(caffe.name, list(caffe.bottoms), list(caffe.tops),
+                               list(caffe.loss_weights), split=True))  # fmt: skip
+            continue
+        layer = net.layer(caffe.key)
         params = [layer.spec(j).lr_mult != 0 for j in range(num_params.get(layer.name, 0))]
-        node = _Node(layer.name, bottoms, list(layer.tops), list(layer.loss_weights),
-                     layer.propagate_down, params)  # fmt: skip
-        nodes.append(node)
-        for j, top in enumerate(layer.tops):
-            n = readers.get(top, 0)
-            if n > 1:
-                explicit = (
-                    layer.param.loss_weight[j] if layer.param and layer.param.loss_weight else 0
-                )
-                split_tops = [f"{top}_split_{i}" for i in range(n)]
-                loss = [explicit] + [0.0] * (n - 1)
-                if explicit:
-                    node.loss[j] = 0.0
-                    handed_out[top] = 1
-                nodes.append(_Node(f"{top}_split", [top], split_tops, loss, split=True))
+        nodes.append(_Node(layer.name, list(caffe.bottoms), list(caffe.tops),
+                           list(caffe.loss_weights), layer.propagate_down, params))  # fmt: skip
     return nodes
 
 

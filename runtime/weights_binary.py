@@ -16,7 +16,6 @@ Writing reproduces Net::ToProto(param, write_diff=false): ``name``, then every l
 from __future__ import annotations
 
 import io
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -25,6 +24,7 @@ import numpy as np
 
 from caffe2jax import ir
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.blob import (
     LEN,
@@ -106,74 +106,6 @@ def _v1_type(value: int) -> str:
 # What Net::Init makes of the layer parameters (and Net::ToProto writes back)
 
 
-def _split_layer_name(layer: str, blob: str, index: int) -> str:
-    return f"{blob}_{layer}_{index}_split"
-
-
-def _split_blob_name(layer: str, blob: str, index: int, k: int) -> str:
-    return f"{blob}_{layer}_{index}_split_{k}"
-
-
-def insert_splits(
-    layers: Sequence[caffe_pb2.LayerParameter],
-) -> list[tuple[caffe_pb2.LayerParameter, int | None]]:
-    """Caffe's InsertSplits: a top read by more than one bottom (a nonzero ``loss_weight``
-    given in the prototxt counts as a read) gets a Split layer right after its producer, each
-    reader one of its tops, and the producer loses its ``loss_weight`` to the split.
-
-    Returns copies of the layers, each with the index of the layer it copies (None for the
-    Split layers inserted).
-    """
-    last_top: dict[str, tuple[int, int]] = {}
-    source: dict[tuple[int, int], tuple[int, int]] = {}
-    uses: Counter[tuple[int, int]] = Counter()
-    loss: dict[tuple[int, int], float] = {}
-    for i, layer in enumerate(layers):
-        for j, bottom in enumerate(layer.bottom):
-            source[(i, j)] = last_top[bottom]
-            uses[last_top[bottom]] += 1
-        for j, top in enumerate(layer.top):
-            last_top[top] = (i, j)
-        for j in range(min(len(layer.loss_weight), len(layer.top))):
-            where = last_top[layer.top[j]]
-            loss[where] = layer.loss_weight[j]
-            if loss[where]:
-                uses[where] += 1
-    out: list[tuple[caffe_pb2.LayerParameter, int | None]] = []
-    handed: Counter[tuple[int, int]] = Counter()
-    for i, original in enumerate(layers):
-        layer = caffe_pb2.LayerParameter()
-        layer.CopyFrom(original)
-        for j, bottom in enumerate(layer.bottom):
-            producer = source[(i, j)]
-            if uses[producer] > 1:
-                name = layers[producer[0]].name
-                layer.bottom[j] = _split_blob_name(name, bottom, producer[1], handed[producer])
-                handed[producer] += 1
-        out.append((layer, i))
-        for j, top in enumerate(layer.top):
-            if uses[(i, j)] > 1:
-                weight = loss.get((i, j), 0.0)
-                out.append((_split_layer(layer.name, top, j, uses[(i, j)], weight), None))
-                if weight:
-                    layer.ClearField("loss_weight")
-                    handed[(i, j)] += 1
-    return out
-
-
-def _split_layer(
-    layer: str, blob: str, index: int, count: int, weight: float
-) -> caffe_pb2.LayerParameter:
-    """Caffe's ConfigureSplitLayer."""
-    split = caffe_pb2.LayerParameter(name=_split_layer_name(layer, blob, index), type="Split")
-    split.bottom.append(blob)
-    for k in range(count):
-        split.top.append(_split_blob_name(layer, blob, index, k))
-        if weight:
-            split.loss_weight.append(weight if k == 0 else 0.0)
-    return split
-
-
 def caffe_layer_params(
     net: ir.Net, blob_counts: dict[str, int]
 ) -> list[tuple[caffe_pb2.LayerParameter, str | None]]:
@@ -187,15 +119,21 @@ def caffe_layer_params(
     ``blob_counts`` maps layer keys to their number of blobs.
     """
     phase = caffe_pb2.TRAIN if net.phase == ir.TRAIN else caffe_pb2.TEST
-    sources = []
-    for layer in net.layers:
-        param = caffe_pb2.LayerParameter()
-        param.CopyFrom(layer.param)
-        param.ClearField("blobs")
-        sources.append(param)
     out = []
-    for param, origin in insert_splits(sources):
-        key = None if origin is None else net.layers[origin].name
+    for caffe in insert_splits(net):
+        key = caffe.key
+        param = caffe_pb2.LayerParameter(name=caffe.name, type="Split")
+        if key is not None:
+            param.CopyFrom(net.layer(key).param)
+            param.ClearField("blobs")
+            if caffe.moved_loss:
+                param.ClearField("loss_weight")
+        elif any(caffe.loss_weights):
+            param.loss_weight.extend(caffe.loss_weights)
+        param.ClearField("bottom")
+        param.bottom.extend(caffe.bottom_names)
+        if key is None:
+            param.top.extend(caffe.top_names)
         if not param.HasField("phase"):
             param.phase = phase
         if param.type.endswith("Loss") and not param.loss_weight:
