@@ -1,10 +1,17 @@
-"""pycaffe's ``Net`` and ``Blob``, backed by jitted JAX functions.
+"""pycaffe's ``Net``: a view with Caffe's memory semantics over a compiled net.
 
-Existing pycaffe scripts port by changing ``import caffe`` to ``import caffe2jax as caffe``:
-``net.blobs[name].data`` / ``.diff``, ``net.params[layer][i].data``, ``net.forward(**inputs)``,
-``net.backward(**top_diffs)``, ``net.reshape()``, ``net.copy_from(path)``, ``net.save(path)``,
-``net.set_input_arrays(data, labels)``. Each of forward and backward compiles once per input
-shape (and per ``start``/``end`` range).
+Existing pycaffe scripts port by changing ``import caffe`` to ``import caffe2jax as caffe``.
+What a script reads is what Caffe would hold:
+
+* ``net.blobs`` lists Caffe's blobs in Caffe's order, split blobs
+  (``<blob>_<layer>_<i>_split_<j>``) included; ``net.layers`` / ``layer_dict`` list Caffe's
+  layers, Split layers included, so layer indices match pycaffe's.
+* ``.data`` / ``.diff`` are stable numpy arrays (:mod:`caffe2jax.blob`): an array a script
+  holds shows new values after ``forward``, ``backward``, ``solver.step``, ``copy_from``…, and
+  what a script writes into it is what the next computation reads.
+* Param blobs are shared the way Caffe shares them: between layers that name the same param,
+  and between a solver's train net and its test nets (``share_with``).
+* Nothing is copied to the host unless a script reads it.
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ import numpy as np
 
 from caffe2jax import ir
 from caffe2jax.api import Model
-from caffe2jax.blob import Blob, Layer
+from caffe2jax.blob import Blob
 from caffe2jax.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.mode import random_seed
+from caffe2jax.runtime import passes
 from caffe2jax.runtime.feeding import Feeder, Sinks
+from caffe2jax.runtime.solver_loop import CompiledNet
 
 TRAIN = 0
 TEST = 1
@@ -39,6 +48,23 @@ def phase_name(phase: int | str) -> str:
     if phase in (TEST, "TEST", "test"):
         return ir.TEST
     raise CaffeError(f"unknown phase {phase!r}: use caffe2jax.TRAIN or caffe2jax.TEST")
+
+
+class Layer:
+    """pycaffe's layer view: ``type``, ``blobs`` (its param blobs) and ``reshape``."""
+
+    def __init__(self, name: str, type_: str, blobs: list[Blob], net: Net):
+        self.name = name
+        self.type = type_
+        self.blobs = blobs
+        self._net = net
+
+    def reshape(self, bottom=None, top=None) -> None:
+        """Caffe's Layer::Reshape from pycaffe: the net re-infers every shape."""
+        self._net.reshape()
+
+    def __repr__(self) -> str:
+        return f"<Layer {self.name!r} type {self.type}>"
 
 
 class Net:
@@ -70,7 +96,6 @@ class Net:
             weights, phase_or_weights = phase_or_weights, TEST if phase is None else phase
         self.phase = phase_name(phase_or_weights)
         seed = random_seed() if seed is None else seed
-        self._source = network_file
         if base_dir is not None:
             self._base_dir = Path(base_dir)
         elif isinstance(network_file, str | os.PathLike) and not _is_text(network_file):
@@ -78,17 +103,36 @@ class Net:
         else:
             self._base_dir = Path(".")
         net = load_net(network_file, self.phase, level, stages or (), state=state)
-        self._feeder = Feeder(net, self._base_dir, seed=seed)
-        self._sinks = Sinks(net)
-        self._model = Model(net, self._feeder.input_shapes(), dtype)
-        self._rng = jax.random.key(seed)
-        self._jitted: dict[tuple, Any] = {}
-        self._carry: dict[str, list] = {}
-        params, state = self._model.init(jax.random.key(seed))
-        self._make_blobs()
-        self._make_params(params, state)
+        feeder = Feeder(net, self._base_dir, seed=seed)
+        compiled = CompiledNet(Model(net, feeder.input_shapes(), dtype), feeder, Sinks(net),
+                               jax.random.key(seed))  # fmt: skip
+        self._attach(compiled, *compiled.model.init(jax.random.key(seed)))
         if weights is not None:
             self.copy_from(weights)
+
+    @classmethod
+    def _over(cls, compiled: CompiledNet, params, state) -> Net:
+        """A view over a net a solver runs (no second copy of its data layers)."""
+        net = cls.__new__(cls)
+        net.phase = compiled.model.net.phase
+        net._base_dir = Path(".")
+        net._attach(compiled, params, state)
+        return net
+
+    def _attach(self, compiled: CompiledNet, params, state) -> None:
+        self._net = compiled
+        self._carry: dict[str, list] = {}
+        self._param_blobs: dict[tuple[str, int], Blob] = {}
+        self._compile(compiled.model)
+        self._own_params(params, state)
+
+    @property
+    def _feeder(self) -> Feeder:
+        return self._net.feeder
+
+    @property
+    def _sinks(self) -> Sinks:
+        return self._net.sinks
 
     # -- structure ------------------------------------------------------------------------
 
@@ -96,49 +140,71 @@ class Net:
     def model(self) -> Model:
         return self._model
 
-    def _make_blobs(self) -> None:
-        net = self._model.net
+    def _compile(self, model: Model) -> None:
+        """Views for a (re)compiled model: blobs by Caffe's names, layers, compiled ranges."""
+        self._model = self._net.model = model
+        graph = model.graph
+        self._jitted: dict[tuple, Any] = {}
+        self._last: tuple | None = None  # what the last forward ran with (for backward)
+        old = getattr(self, "blobs", {})
         self.blobs: OrderedDict[str, Blob] = OrderedDict()
-        for layer in net.layers:
-            for user in layer.top_names:
-                if user not in self.blobs:
-                    self.blobs[user] = Blob(net.shapes[net.blob_names[user]], self._model.dtype)
-        for layer in net.layers:  # loss tops start with their loss weight as diff, as in Caffe
-            for user, weight in zip(layer.top_names, layer.loss_weights):
-                if weight:
-                    self.blobs[user].diff[...] = weight
+        self._data_version: dict[str, str] = {}  # Caffe blob name -> version its data shows
+        self._diff_version: dict[str, str] = {}
+        net = model.net
+        for caffe in graph.caffe_layers:
+            for top, name in zip(caffe.tops, caffe.top_names):
+                self._data_version[name] = top
+                if name not in self.blobs:
+                    self._diff_version[name] = top
+                    shape = net.shapes.get(top) or net.shapes[top.split("#split", 1)[0]]
+                    blob = old.get(name)
+                    if blob is None or blob.shape != tuple(shape):
+                        blob = Blob(shape, model.dtype)
+                    self.blobs[name] = blob
+        self._initial_diffs = {
+            name: w for caffe in graph.caffe_layers
+            for name, w in zip(caffe.top_names, caffe.loss_weights) if w
+        }  # fmt: skip
+        if not old:
+            for name, weight in self._initial_diffs.items():
+                self.blobs[name]._set_diff(np.full(self.blobs[name].shape, weight, model.dtype))
+        self._input_version = dict(graph._input_ssa)
 
-    def _make_params(self, params, state) -> None:
-        """Create the param Blobs (one per owned blob; sharers get the owner's Blob)."""
+    def _own_params(self, params, state) -> None:
+        """Param Blobs: one per owned blob (a sharer gets its owner's); the layer views."""
         graph = self._model.graph
-        own: dict[tuple[str, int], Blob] = {}
-        self.params: OrderedDict[str, list[Blob]] = OrderedDict()
-        self.layers: list[Layer] = []
-        for layer in self._model.net.layers:
-            blobs = []
-            for j, decl in enumerate(graph.decls.get(layer.name, [])):
-                if (layer.name, j) in graph.shared:
-                    blob = own[graph.shared[(layer.name, j)]]
-                else:
-                    blob = Blob(decl.shape, self._model.dtype)
-                    own[(layer.name, j)] = blob
-                blobs.append(blob)
-            if blobs:
-                self.params[layer.name] = blobs
-            self.layers.append(Layer(layer, blobs))
+        for name, j, decl in graph._owned():
+            if (name, j) not in self._param_blobs:
+                self._param_blobs[(name, j)] = Blob(decl.shape, self._model.dtype)
+        self._make_layer_views()
         self._set_params(params, state)
 
+    def _make_layer_views(self) -> None:
+        graph = self._model.graph
+        self.params: OrderedDict[str, list[Blob]] = OrderedDict()
+        self.layers: list[Layer] = []
+        for caffe in graph.caffe_layers:
+            blobs = []
+            if caffe.key is not None:
+                for j in range(len(graph.decls.get(caffe.key, []))):
+                    blobs.append(
+                        self._param_blobs[graph.shared.get((caffe.key, j), (caffe.key, j))]
+                    )
+                if blobs:
+                    self.params[caffe.key] = blobs
+            self.layers.append(Layer(caffe.name, caffe.type, blobs, self))
+
     def _set_params(self, params, state) -> None:
-        """New values for the param Blobs, in place (references users hold stay valid); values
-        a layer carries between forwards (not Caffe blobs) are kept aside."""
+        """New values for the param Blobs (arrays users hold see them); values a layer
+        carries between forwards (not Caffe blobs) are kept aside."""
         for tree in (params, state):
             for name, values in tree.items():
                 if is_carry(name):
                     self._carry[name] = list(values)
                     continue
                 for j, value in enumerate(values):
-                    if value is not None:
-                        self.params[name][j]._set_device(value)
+                    if value is not None and (name, j) in self._param_blobs:
+                        self._param_blobs[(name, j)]._set_data(value)
 
     @property
     def inputs(self) -> list[str]:
@@ -151,7 +217,7 @@ class Net:
 
     @property
     def _layer_names(self) -> list[str]:
-        return [layer.name for layer in self._model.net.layers]
+        return [layer.name for layer in self.layers]
 
     @property
     def layer_dict(self) -> OrderedDict[str, Layer]:
@@ -159,32 +225,59 @@ class Net:
 
     @property
     def top_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict((layer.name, list(layer.top_names)) for layer in self._model.net.layers)
+        return OrderedDict((c.name, list(c.top_names)) for c in self._model.graph.caffe_layers)
 
     @property
     def bottom_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict(
-            (layer.name, list(layer.bottom_names)) for layer in self._model.net.layers
-        )
+        return OrderedDict((c.name, list(c.bottom_names)) for c in self._model.graph.caffe_layers)
+
+    @property
+    def blob_loss_weights(self) -> OrderedDict[str, float]:
+        """pycaffe's ``blob_loss_weights``: each blob's loss weight (0 for most)."""
+        return OrderedDict((name, float(self._initial_diffs.get(name, 0.0))) for name in self.blobs)
+
+    @property
+    def _blob_loss_weights(self) -> list[float]:
+        return list(self.blob_loss_weights.values())
 
     # -- params and state as pytrees --------------------------------------------------------
 
     def _trees(self) -> tuple[dict, dict]:
+        """The current params and state as the functional API takes them."""
         graph = self._model.graph
         params: dict[str, list] = {}
         state: dict[str, list] = {}
-        for layer in self._model.net.layers:
-            decls = graph.decls.get(layer.name, [])
-            p, s = [None] * len(decls), [None] * len(decls)
-            for j, decl in enumerate(decls):
-                if (layer.name, j) not in graph.shared:
-                    (s if decl.state else p)[j] = jnp.asarray(self.params[layer.name][j]._value())
-            if any(v is not None for v in p):
-                params[layer.name] = p
-            if any(v is not None for v in s):
-                state[layer.name] = s
+        for name, j, decl in graph._owned():
+            tree = state if decl.state else params
+            blobs = tree.setdefault(name, [None] * len(graph.decls[name]))
+            blobs[j] = self._param_blobs[(name, j)]._device()
         state.update(self._carry)
         return params, state
+
+    def _param_diffs(self) -> dict:
+        graph = self._model.graph
+        return {
+            name: [self._param_blobs[(name, j)]._diff_device()
+                   if (name, j) in self._param_blobs else None for j in range(len(decls))]
+            for name, decls in graph.decls.items() if decls
+        }  # fmt: skip
+
+    def share_with(self, other: Net) -> None:
+        """Caffe's ShareTrainedLayersWith: this net's layers use ``other``'s param blobs
+        (by layer name; shapes must match), so both always show the same weights."""
+        mine = self._model.graph
+        for (name, j), blob in list(self._param_blobs.items()):
+            theirs = other._param_blobs.get((name, j))
+            if theirs is None or theirs is blob:
+                continue
+            if theirs.shape != blob.shape:
+                raise NetError(
+                    f"cannot share layer '{name}' blob {j}: its shape is {list(blob.shape)} "
+                    f"here and {list(theirs.shape)} in net '{other._model.net.name}'"
+                )
+            self._param_blobs[(name, j)] = theirs
+        del mine
+        self._make_layer_views()
 
     # -- forward / backward -----------------------------------------------------------------
 
@@ -201,31 +294,27 @@ class Net:
         if shapes != self._model.inputs:
             self.reshape()
 
-    def _compiled(self, kind: str, start: int, stop: int):
-        key = (kind, start, stop)
+    def _compiled(self, kind: str, lo: int, hi: int):
+        key = (kind, lo, hi)
         if key not in self._jitted:
             graph = self._model.graph
             if kind == "forward":
+                fn = passes.forward_fn(graph, lo, hi)
 
-                def fn(params, state, env, rng):
-                    return graph.run(params, state, env, rng, start=start, stop=stop)
+                def step(params, state, env, key):
+                    key, rng = jax.random.split(key)
+                    env, state = fn(params, state, env, rng)
+                    return env, state, key, rng
+
+                self._jitted[key] = jax.jit(step)
             else:
-                fn = self._backward_fn()
-            self._jitted[key] = jax.jit(fn)
+                plan = passes.plan(graph, lo, hi)
+                self._jitted[key] = (plan, jax.jit(passes.backward_fn(graph, plan)))
         return self._jitted[key]
 
-    def _env(self) -> dict[str, jax.Array]:
-        """Every blob's current value, keyed by the SSA id of its final version."""
-        net = self._model.net
-        env = {}
-        for user, blob in self.blobs.items():
-            value = blob._value()
-            if value is not None:
-                env[net.blob_names[user]] = jnp.asarray(value)
-        for user in self._model.inputs:  # inputs are read by their first version
-            ssa = self._model.graph._input_ssa[user]
-            env[ssa] = jnp.asarray(self.blobs[user]._value(), self._model.dtype)
-        return env
+    def _blob_env(self, versions) -> dict[str, Any]:
+        """The values Caffe's layers would read from memory for these (version, blob) pairs."""
+        return {v: self.blobs[name]._device() for v, name in versions}
 
     def forward(
         self,
@@ -234,9 +323,10 @@ class Net:
         end: str | None = None,
         **kwargs: Any,
     ) -> dict[str, np.ndarray]:
-        """Forward from ``start`` to ``end`` (layer names, inclusive); inputs as keywords.
+        """Caffe's ForwardFromTo(start, end) (layer names, inclusive); inputs as keywords.
 
-        Returns the net outputs (and any ``blobs`` asked for) as numpy arrays.
+        Returns the net outputs (the ``end`` layer's tops when ``end`` is given) and any
+        ``blobs`` asked for, as pycaffe does.
         """
         for name, value in kwargs.items():
             if name not in self.blobs:
@@ -245,25 +335,36 @@ class Net:
             if value.shape != self.blobs[name].shape:
                 self.blobs[name].reshape(*value.shape)
             self.blobs[name].data[...] = value
-        first = self._index(start, 0)
-        if first == 0:
+        lo = self._index(start, 0)
+        if lo == 0:
             for user, value in self._feeder.next_batches().items():
-                self.blobs[user]._set_device(jnp.asarray(value))
+                self.blobs[user]._set_data(value)
         self._reshape_if_needed()
-        stop = self._index(end, len(self.layers) - 1) + 1
+        hi = self._index(end, len(self.layers) - 1)
+        self._run_forward(lo, hi)
+        if end is not None:
+            wanted = list(self.top_names[self.layers[hi].name])
+        else:
+            wanted = list(self.outputs)
+        wanted += [b for b in (blobs or []) if b not in wanted]
+        return {name: self.blobs[name].data for name in wanted}
+
+    def _run_forward(self, lo: int, hi: int) -> None:
+        graph = self._model.graph
+        if lo == 0:
+            env = self._blob_env((self._input_version[n], n) for n in self._model.inputs)
+        else:
+            env = self._blob_env(passes.plan(graph, lo, hi).external)
         params, state = self._trees()
-        self._rng, rng = jax.random.split(self._rng)
-        env, new_state = self._compiled("forward", first, stop)(params, state, self._env(), rng)
-        self._last_rng, self._forward_state = rng, state
-        net = self._model.net
-        for user, blob in self.blobs.items():
-            ssa = net.blob_names[user]
-            if ssa in env and user not in self._model.inputs:
-                blob._set_device(env[ssa])
+        env, new_state, self._net.key, rng = self._compiled("forward", lo, hi)(
+            params, state, env, self._net.key
+        )
+        self._last = (params, state, rng)
+        for name, version in self._data_version.items():
+            if version in env and name not in self._model.inputs:
+                self.blobs[name]._set_data(env[version])
         self._set_params({}, new_state)
         self._sinks.write(env)
-        wanted = list(self.outputs) + [b for b in (blobs or []) if b not in self.outputs]
-        return {name: self.blobs[name].data for name in wanted}
 
     def forward_all(self, blobs: Sequence[str] | None = None, **kwargs: Any) -> dict:
         """Forward every row of the given input arrays, a batch at a time (the last batch is
@@ -277,36 +378,11 @@ class Net:
         batch = self.blobs[next(iter(kwargs))].shape[0]
         outs: dict[str, list[np.ndarray]] = {}
         for start in range(0, total, batch):
-            chunk = {}
-            for name, value in kwargs.items():
-                part = np.asarray(value[start : start + batch], np.float32)
-                if len(part) < batch:  # pad the last batch, as pycaffe does
-                    pad = np.zeros((batch - len(part), *part.shape[1:]), np.float32)
-                    part = np.concatenate([part, pad])
-                chunk[name] = part
+            chunk = {name: _padded(value[start : start + batch], batch)
+                     for name, value in kwargs.items()}  # fmt: skip
             for name, value in self.forward(blobs, **chunk).items():
                 outs.setdefault(name, []).append(np.array(value))
         return {name: np.concatenate(parts)[:total] for name, parts in outs.items()}
-
-    def _seeds(self) -> list[str]:
-        """Blobs whose diffs start the backward pass: the outputs and every loss top."""
-        net = self._model.net
-        return list(dict.fromkeys(
-            [net.blob_names[o] for o in net.outputs]
-            + [t for layer in net.layers for t, w in zip(layer.tops, layer.loss_weights) if w]
-        ))  # fmt: skip
-
-    def _backward_fn(self):
-        graph, seeds = self._model.graph, self._seeds()
-
-        def fn(params, state, env, rng, taps, cotangents):
-            def objective(params, taps):
-                blobs, _ = graph.run(params, state, env, rng, taps=taps)
-                return sum(jnp.vdot(cotangents[s], blobs[s]) for s in seeds)
-
-            return jax.grad(objective, argnums=(0, 1))(params, taps)
-
-        return fn
 
     def backward(
         self,
@@ -315,64 +391,86 @@ class Net:
         end: str | None = None,
         **kwargs: Any,
     ) -> dict[str, np.ndarray]:
-        """Back-propagate the output diffs (loss tops carry their loss weight, as in Caffe).
+        """Caffe's BackwardFromTo(start, end): top diffs as keywords (outputs only).
 
-        Fills every blob's and param's ``diff``; returns the input blobs' diffs (and any
-        ``diffs`` asked for). Runs the whole net: ``start``/``end`` ranges are not supported.
+        Writes each bottom's diff, *adds* to the param diffs (as Caffe does; call
+        ``clear_param_diffs`` to start over), and returns the diffs of the inputs (of the
+        ``end`` layer's bottoms when ``end`` is given) and any ``diffs`` asked for.
         """
-        if start is not None or end is not None:
-            raise CaffeError("backward(start=..., end=...) is not supported; run the whole net")
         for name, value in kwargs.items():
             if name not in self.outputs:
                 raise NetError(f"backward() takes diffs of output blobs; '{name}' is not one")
             self.blobs[name].diff[...] = value
-        net = self._model.net
-        fn = self._compiled("backward", 0, len(self.layers))
-        users = {ssa: user for user, ssa in net.blob_names.items()}
-        cotangents = {}
-        for ssa in self._seeds():
-            layer = net.producer()[ssa]
-            weight = dict(zip(layer.tops, layer.loss_weights)).get(ssa, 0.0)
-            diff = self.blobs[users[ssa]].diff if ssa in users else None
-            cotangents[ssa] = jnp.asarray(diff if diff is not None else np.full(
-                net.shapes[ssa], weight, self._model.dtype))  # fmt: skip
-        taps = {ssa: jnp.zeros(net.shapes[ssa], self._model.dtype)
-                for ssa in net.first_version.values()}  # fmt: skip
-        params, _ = self._trees()
-        # The forward is recomputed from the inputs with the rng and state it ran with (the
-        # state before it: a recurrent layer's carried values have moved on since).
-        state = getattr(self, "_forward_state", None) or self._trees()[1]
-        rng = getattr(self, "_last_rng", self._rng)
-        grad_params, grad_taps = fn(params, state, self._input_env(), rng, taps, cotangents)
-        outputs = set(self.outputs)
-        for user, ssa in net.first_version.items():
-            if user not in outputs:
-                self.blobs[user].diff[...] = np.asarray(grad_taps[ssa])
-        for name, blobs in grad_params.items():
-            for j, g in enumerate(blobs):
-                if g is not None:
-                    self.params[name][j].diff[...] = np.asarray(g)
-        wanted = list(self.inputs) + [d for d in (diffs or []) if d not in self.inputs]
+        hi = self._index(start, len(self.layers) - 1)
+        lo = self._index(end, 0)
+        self._run_backward(lo, hi)
+        if end is not None:
+            wanted = list(self.bottom_names[self.layers[lo].name])
+        else:
+            wanted = list(self.inputs)
+        wanted += [d for d in (diffs or []) if d not in wanted]
         return {name: self.blobs[name].diff for name in wanted}
 
-    def _input_env(self) -> dict[str, jax.Array]:
-        graph = self._model.graph
-        return {graph._input_ssa[u]: jnp.asarray(self.blobs[u]._value(), self._model.dtype)
-                for u in self._model.inputs}  # fmt: skip
+    def _run_backward(self, lo: int, hi: int) -> None:
+        plan, fn = self._compiled("backward", lo, hi)
+        if self._last is None:
+            params, state = self._trees()
+            rng = self._net.key
+        else:
+            _, state, rng = self._last
+            params, _ = self._trees()
+        env = self._blob_env(plan.external)
+        top_diffs = {name: self.blobs[name]._diff_device() for _, name in plan.seeds}
+        diffs, grads, _ = fn(params, state, env, rng, top_diffs)
+        for name, value in diffs.items():
+            self.blobs[name]._set_diff(value)
+        mask = passes.param_mask(self._model.graph, lo, hi)
+        for name, flags in mask.items():
+            for j, on in enumerate(flags):
+                if on and grads.get(name) is not None and grads[name][j] is not None:
+                    blob = self._param_blobs[(name, j)]
+                    blob._set_diff(blob._diff_device() + grads[name][j])
+
+    def clear_param_diffs(self) -> None:
+        """Caffe's Net::ClearParamDiffs: every param diff to zero."""
+        for blob in self._param_blobs.values():
+            blob._set_diff(None)
+
+    def forward_backward_all(
+        self, blobs: Sequence[str] | None = None, diffs: Sequence[str] | None = None, **kwargs
+    ) -> tuple[dict, dict]:
+        """pycaffe's forward_backward_all: forward and backward over every batch of the given
+        inputs (output diffs may be given as keywords too); outputs and input diffs."""
+        inputs = {k: v for k, v in kwargs.items() if k in self.inputs}
+        top_diffs = {k: v for k, v in kwargs.items() if k in self.outputs}
+        rows = {len(v) for v in [*inputs.values(), *top_diffs.values()]}
+        if len(rows) != 1:
+            raise NetError("forward_backward_all(): every array needs the same number of rows")
+        total = rows.pop()
+        batch = self.blobs[self.inputs[0]].shape[0] if self.inputs else total
+        outs: dict[str, list] = {}
+        grads: dict[str, list] = {}
+        for start in range(0, total, batch):
+            rows_in = {k: _padded(v[start : start + batch], batch) for k, v in inputs.items()}
+            for name, value in self.forward(blobs, **rows_in).items():
+                outs.setdefault(name, []).append(np.array(value))
+            rows_diff = {k: _padded(v[start : start + batch], batch)
+                         for k, v in top_diffs.items()}  # fmt: skip
+            for name, value in self.backward(diffs, **rows_diff).items():
+                grads.setdefault(name, []).append(np.array(value))
+        cat = lambda parts: {k: np.concatenate(v)[:total] for k, v in parts.items()}  # noqa: E731
+        return cat(outs), cat(grads)
 
     # -- shapes, data, weights ----------------------------------------------------------------
 
     def reshape(self) -> None:
-        """Recompile for the input blobs' current shapes (params are kept)."""
+        """Caffe's Net::Reshape: re-infer every shape from the input blobs' shapes (params
+        are kept; the net recompiles)."""
         shapes = {n: self.blobs[n].shape for n in self._model.inputs}
         params, state = self._trees()
-        self._model = self._model.reshape(shapes)
-        self._jitted.clear()
-        old = self.blobs
-        self._make_blobs()
-        for name in self._model.inputs:
-            self.blobs[name] = old[name]
-        self._make_params(params, state)
+        self._compile(self._model.reshape(shapes))
+        self._make_layer_views()
+        self._set_params(params, state)
 
     def close(self) -> None:
         """Stop the data layers' prefetch threads and close their files and sinks."""
@@ -390,6 +488,10 @@ class Net:
         params, state = load_weights(weights, self._model, *self._trees())
         self._set_params(params, state)
 
+    def load_hdf5(self, path: str | os.PathLike) -> None:
+        """Caffe's CopyTrainedLayersFromHDF5."""
+        self.copy_from(path)
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the weights as a binary .caffemodel (Net::ToProto)."""
         from caffe2jax.runtime.weights import save_weights
@@ -401,6 +503,51 @@ class Net:
         from caffe2jax.runtime.weights import save_weights
 
         save_weights(path, self._model, *self._trees(), format="hdf5")
+
+    # -- for the solver ---------------------------------------------------------------------
+
+    def _show_forward(self, env: dict) -> None:
+        """Make the blobs show a forward the solver ran (a test pass)."""
+        for name, version in self._data_version.items():
+            if version in env:
+                self.blobs[name]._set_data(env[version])
+
+    def _show_pass(self, record: Any) -> None:
+        """Make the blobs show one training pass (:class:`caffe2jax.runtime.train_state.Pass`):
+        data from its forward, diffs from its backward, computed only when first read."""
+        graph = self._model.graph
+        hi = len(self.layers) - 1
+        plan, fn = self._compiled("backward", 0, hi)
+        dtype = self._model.dtype
+        seeds = {name: jnp.full(self.blobs[name].shape, self._initial_diffs.get(name, 0.0),
+                                dtype) for _, name in plan.seeds}  # fmt: skip
+        cache: dict[str, Any] = {}
+
+        def computed():
+            if not cache:
+                env = {self._input_version[n]: jnp.asarray(v, dtype)
+                       for n, v in record.inputs.items() if n in self._input_version}  # fmt: skip
+                diffs, _, out = fn(record.params, record.state, env, record.rng, seeds)
+                cache.update(diffs=diffs, out=out)
+            return cache
+
+        for name, version in self._data_version.items():
+            if name in record.inputs:
+                self.blobs[name]._set_data(record.inputs[name])
+            else:
+                self.blobs[name]._set_data(lambda v=version: computed()["out"][v])
+        written = dict(plan.writes)
+        for name, blob in self.blobs.items():
+            if name in written:
+                blob._set_diff(lambda n=name: computed()["diffs"][n])
+        del graph
+
+
+def _padded(value: Any, batch: int) -> np.ndarray:
+    part = np.asarray(value, np.float32)
+    if len(part) < batch:  # pad the last batch, as pycaffe does
+        part = np.concatenate([part, np.zeros((batch - len(part), *part.shape[1:]), np.float32)])
+    return part
 
 
 def _is_text(source: Any) -> bool:

@@ -25,6 +25,7 @@ from jax import lax
 
 from caffe2jax import ir
 from caffe2jax.errors import InputShapeError, NetError
+from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.registry import (
     Context,
@@ -75,6 +76,9 @@ class Graph:
                 for layer in net.layers
             },
         )
+        self.caffe_layers = insert_splits(self.net)
+        self._layer = {layer.name: layer for layer in self.net.layers}
+        self._index = {layer.name: k for k, layer in enumerate(self.net.layers)}
 
     # -- compile time ---------------------------------------------------------------------
 
@@ -267,32 +271,42 @@ class Graph:
         stop: int | None = None,
         taps: Mapping[str, jax.Array] | None = None,
     ) -> tuple[dict[str, jax.Array], Params]:
-        """Run layers ``start``..``stop - 1`` (Caffe's ForwardFromTo) over the blobs in ``env``.
+        """Run Caffe's layers ``start``..``stop - 1`` (Net::ForwardFromTo over
+        :attr:`caffe_layers`, Split layers included) on the blobs in ``env`` (SSA ids).
 
         ``taps`` adds an array to chosen blobs as they are produced: zeros there change nothing
         but make ``jax.grad`` with respect to the taps return each blob's diff, as pycaffe's
-        ``net.blobs[name].diff`` shows after a backward pass.
+        ``net.blobs[name].diff`` shows after a backward pass (a split top's tap gives the diff
+        its one reader sends back, as Caffe's split blobs hold).
         """
         env = dict(env)
         taps = taps or {}
         for name in taps.keys() & env.keys():
             env[name] = env[name] + taps[name]
         new_state = {name: list(blobs) for name, blobs in state.items()}
-        for k in range(start, len(self.net.layers) if stop is None else stop):
-            layer = self.net.layers[k]
+        layers = self.caffe_layers
+        for k in range(start, len(layers) if stop is None else stop):
+            caffe = layers[k]
+            if caffe.is_split:
+                value = env[caffe.bottoms[0]]
+                for top in caffe.tops:
+                    env[top] = value + taps[top] if top in taps else value
+                continue
+            layer = self._layer[caffe.key]
             lowering = self.lowerings[layer.name]
             if lowering.source:
                 continue
             backward = self.net.backward[layer.name]
             bottoms = [
                 env[b] if backward.bottoms[i] else lax.stop_gradient(env[b])
-                for i, b in enumerate(layer.bottoms)
+                for i, b in enumerate(caffe.bottoms)
             ]
             blobs = [
                 b if backward.params[j] else lax.stop_gradient(b)
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
-            ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name, layer_index=k)
+            ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name,
+                          layer_index=self._index[layer.name])  # fmt: skip
             if layer.name in self.carries:
                 ctx.carry = [
                     lax.stop_gradient(c)

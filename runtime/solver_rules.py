@@ -122,9 +122,6 @@ def adam(beta1: float, beta2: float, delta: float) -> Rule:
     return Rule(2, leaf, correction)
 
 
-SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
-
-
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -143,7 +140,7 @@ def check_rule_params(sp: Any) -> None:
     whose first step is otherwise 0/0).
     """
     kind = sp.type
-    _check(kind in SOLVER_TYPES, f"type: unknown solver type {kind!r}")
+    _check(kind in SOLVER_RULES, f"type: unknown solver type {kind!r}")
     if kind in ("AdaGrad", "RMSProp"):
         _check(sp.momentum == 0, f"momentum cannot be used with {kind} (got {sp.momentum})")
     else:
@@ -161,15 +158,17 @@ def check_rule_params(sp: Any) -> None:
 def make_rule(sp: Any) -> Rule:
     """The Rule for ``sp.type`` (validated)."""
     check_rule_params(sp)
-    kind = sp.type
-    if kind == "SGD":
-        return sgd(sp.momentum)
-    if kind == "Nesterov":
-        return nesterov(sp.momentum)
-    if kind == "AdaGrad":
-        return adagrad(sp.delta)
-    if kind == "RMSProp":
-        return rmsprop(sp.rms_decay, sp.delta)
-    if kind == "AdaDelta":
-        return adadelta(sp.momentum, sp.delta)
-    return adam(sp.momentum, sp.momentum2, sp.delta)
+    return SOLVER_RULES[sp.type](sp)
+
+
+# Caffe's solver type strings, each with the Rule its hyper-parameters make (one registry:
+# the solver factory, the CLI and pycaffe's solver classes all read it).
+SOLVER_RULES: dict[str, Any] = {
+    "SGD": lambda sp: sgd(sp.momentum),
+    "Nesterov": lambda sp: nesterov(sp.momentum),
+    "AdaGrad": lambda sp: adagrad(sp.delta),
+    "RMSProp": lambda sp: rmsprop(sp.rms_decay, sp.delta),
+    "AdaDelta": lambda sp: adadelta(sp.momentum, sp.delta),
+    "Adam": lambda sp: adam(sp.momentum, sp.momentum2, sp.delta),
+}
+SOLVER_TYPES = tuple(SOLVER_RULES)

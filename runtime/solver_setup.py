@@ -10,8 +10,7 @@ from caffe2jax.errors import CaffeError, SolverError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.parse import read_message, read_net
 from caffe2jax.frontend.upgrade import upgrade_solver
-
-SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
+from caffe2jax.runtime.solver_rules import SOLVER_RULES, SOLVER_TYPES  # noqa: F401
 
 
 def read_solver_param(source: Any) -> tuple[caffe_pb2.SolverParameter, Path]:

@@ -90,6 +90,7 @@ class Trainer:
         # Only the optimizer state is donated: params and state may still be referenced by
         # pycaffe Blobs (solver.net.params, test nets) after the step.
         self._step = jax.jit(self._make_step(), donate_argnums=(2,))
+        self._update = jax.jit(self._make_update())
 
     def init(self, params: Params, state: Params) -> Any:
         return self.own_buffers(self.tx.init(merge(params, state)))
@@ -130,29 +131,57 @@ class Trainer:
             if iter_size <= UNROLL_ITER_SIZE:
                 # Unrolled at trace time: on CPU an XLA scan (even with unroll) costs more
                 # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step).
-                grads, losses, outs = None, [], []
+                grads, losses, last_in = None, [], state
                 for k in range(iter_size):
+                    last_in = state
                     g, state, loss, out = grads_of(
                         params, state, passes[k], jax.random.fold_in(rng, k)
                     )
                     grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
                     losses.append(loss)
-                    outs.append(out)
                 losses = jnp.stack(losses)
-                outs = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
             else:
-                batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes)
+                batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes[:-1])
                 zeros = jax.tree.map(jnp.zeros_like, params)
-                ks = jnp.arange(iter_size)
-                (grads, state), (losses, outs) = lax.scan(one, (zeros, state), (batches, ks))
+                ks = jnp.arange(iter_size - 1)
+                (grads, state), (head, _) = lax.scan(one, (zeros, state), (batches, ks))
+                last_in = state
+                g, state, loss, out = grads_of(
+                    params, state, passes[-1], jax.random.fold_in(rng, iter_size - 1)
+                )
+                grads = jax.tree.map(jnp.add, grads, g)
+                losses = jnp.append(head, loss)
             merged = merge(params, state)
             merged_grads = merge(grads, jax.tree.map(jnp.zeros_like, state))
             updates, opt_state = tx.update(merged_grads, opt_state, merged)
             params = split(optax.apply_updates(merged, updates), params)
-            last = jax.tree.map(lambda x: x[-1], outs)
-            return params, state, opt_state, jnp.mean(losses), last
+            # Caffe's param diffs after ApplyUpdate hold the update value (data -= diff)
+            diffs = jax.tree.map(jnp.negative, updates)
+            extra = (diffs, last_in) if iter_size > 1 else (diffs,)
+            return params, state, opt_state, jnp.mean(losses), out, extra
 
         return step
+
+    def _make_update(self) -> Callable:
+        tx = self.tx
+
+        def update(params, state, opt_state, merged_grads):
+            merged = merge(params, state)
+            updates, opt_state = tx.update(merged_grads, opt_state, merged)
+            return split(optax.apply_updates(merged, updates), params), opt_state
+
+        return update
+
+    def apply(self, ts: Any, merged_grads: Params) -> Any:
+        """Caffe's ApplyUpdate alone, on given param diffs (pycaffe's ``apply_update``):
+        the train state after the update, its iteration one more."""
+        zeros = merge(jax.tree.map(jnp.zeros_like, ts.params), ts.state)
+        grads = {
+            name: [g if g is not None else z for g, z in zip(merged_grads.get(name, blobs), blobs)]
+            for name, blobs in zeros.items()
+        }
+        params, opt_state = self._update(ts.params, ts.state, ts.opt_state, grads)
+        return ts.replace(params=params, opt_state=opt_state, iteration=ts.iteration + 1)
 
     def step(self, params, state, opt_state, passes, key, iteration):
         """Run the compiled step on ``passes``: a tuple of iter_size input dicts."""

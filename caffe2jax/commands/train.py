@@ -44,12 +44,12 @@ def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
 
 
 def run(args: argparse.Namespace) -> int:
-    from caffe2jax.solver import Solver
+    from caffe2jax.runtime.solver_loop import SolverLoop
 
     log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
     use_bar = args.progress == "bar" or (args.progress == "auto" and logs.is_terminal())
     logger = logs.setup(log_file, console=not use_bar)
-    solver = Solver(args.solver, logger=logger)
+    solver = SolverLoop(args.solver, logger=logger)
     if args.iterations is not None:
         if args.iterations < 0:
             raise CaffeError(f"--iterations must be >= 0, got {args.iterations}")

@@ -134,7 +134,7 @@ def test_thousand_steps_compile_once_and_keep_memory_flat(tmp_path):
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     solver.step(1000)
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert solver._trainer.traces == 1
+    assert solver._loop.trainer.traces == 1
     assert rss_after - rss_before < 20_000, "peak RSS grew by more than 20 MB over 1000 steps"
 
 
