@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.runtime.rl import rule
 from caffe2jax.runtime.rl.gym_host import HostEnv
 from caffe2jax.runtime.rl.policy import RLError
-from caffe2jax.runtime.rl import rule
 from caffe2jax.runtime.rl.rollout import Trajectory, explore, preprocess, sample
 
 if TYPE_CHECKING:
