@@ -37,6 +37,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
     p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
     p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.caffemodel snapshots")
+    p.add_argument(
+        "--test", action="store_true", help="run a trained policy (--weights), no learning"
+    )
+    p.add_argument("--weights", metavar="W", help="--test: the trained .caffemodel")
+    p.add_argument("--sample", action="store_true", help="--test: draw actions (default greedy)")
+    p.add_argument("--render", metavar="GIF", help="--test: animate one Cart-Pole episode")
     p.set_defaults(func=run)
 
 
@@ -107,7 +113,41 @@ def _plot(path: str, returns: list[float], target: float | None) -> None:
     plt.close(fig)
 
 
+def run_test(args: argparse.Namespace) -> int:
+    """MyCaffe's Test for a PG trainer: play episodes with the trained policy, no learning."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl import evaluate
+    from caffe2jax.runtime.weights import load_weights
+
+    if not args.weights:
+        raise CaffeError("rl --test needs --weights W (a .caffemodel the trainer wrote)")
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
+    params, state = load_weights(args.weights, trainer.model)
+    episodes = args.episodes or 100
+    greedy = not args.sample
+    seed = trainer.config.seed
+    res = evaluate.evaluate(trainer, params, state, episodes, greedy, seed, args.horizon)
+    mode = "greedy" if greedy else "sampled"
+    print(
+        f"Test: {episodes} episodes on {trainer.config.env} ({mode}): mean return "
+        f"{np.mean(res.returns):.1f} ± {np.std(res.returns):.1f} (min {np.min(res.returns):.0f}, "
+        f"max {np.max(res.returns):.0f}); {res.truncated} stopped at the horizon {res.horizon}"
+    )
+    if args.render:
+        from caffe2jax.runtime.rl.render import write_gif
+
+        states = evaluate.play_states(trainer, params, state, greedy, seed)
+        write_gif(args.render, trainer.env, states)
+        print(f"Wrote {args.render} ({len(states)} frames)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.test:
+        return run_test(args)
+    if args.weights or args.render or args.sample:
+        raise CaffeError("--weights, --render and --sample go with --test")
     start = time.perf_counter()
     if args.plot:
         _pyplot()  # a missing matplotlib fails now, not after training
