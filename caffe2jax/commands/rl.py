@@ -20,7 +20,7 @@ from caffe2jax.runtime.rl import envs
 from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
 from caffe2jax.runtime.solverstate import snapshot_name
 
-ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", or gym:<Gymnasium id>"
+ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", gymnax:<id> or gym:<Gymnasium id>"
 
 
 def add(sub: argparse._SubParsersAction) -> None:

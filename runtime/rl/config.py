@@ -41,12 +41,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from caffe2jax.runtime.rl import envs
+from caffe2jax.runtime.rl import envs, gymnax_env
 from caffe2jax.runtime.rl.gym_host import GYM_PREFIX
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import RESET_MODES
 
 UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
+# Gymnasium's reward_threshold of the same environments
+GYMNAX_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
 GYM_TARGETS = {"cartpole-v0": 195.0, "cartpole-v1": 475.0, "cartpole": 475.0}
 
 
@@ -105,7 +107,7 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
     rl = solver_param.rl_param
     given = {k: v for k, v in overrides.items() if v is not None}
     env = str(given.pop("env", rl.env)).strip()
-    if not env.startswith(GYM_PREFIX):
+    if not env.startswith((GYM_PREFIX, gymnax_env.PREFIX)):
         env = env.lower()
     mycaffe = env == "cartpole-mycaffe"
     values: dict[str, Any] = {
@@ -143,7 +145,14 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
 
 def check(config: RLConfig) -> None:
     """One-line RLErrors for settings the trainer cannot run."""
-    if not config.is_gym:
+    if config.env.startswith(gymnax_env.PREFIX):
+        try:
+            gymnax_env.make(config.env)
+        except ValueError as err:
+            raise RLError(str(err)) from None
+        if config.pole_angle_limit_deg is not None or config.max_steps is not None:
+            raise RLError("pole_angle_limit_deg and max_steps apply to the built-in Cart-Pole envs")
+    elif not config.is_gym:
         try:
             envs.make_env(config.env)
         except ValueError:
@@ -179,7 +188,10 @@ def check(config: RLConfig) -> None:
 
 
 def make_env(config: RLConfig) -> envs.CartPoleParams:
-    """The built-in JAX env with the config's angle limit and step cap applied."""
+    """The built-in JAX env with the config's angle limit and step cap applied (or the
+    gymnax env a ``gymnax:<id>`` names)."""
+    if config.env.startswith(gymnax_env.PREFIX):
+        return gymnax_env.make(config.env)
     env = envs.make_env(config.env)
     changes: dict[str, Any] = {}
     if config.pole_angle_limit_deg is not None:
@@ -206,6 +218,8 @@ def default_target(config: RLConfig, gym_threshold: float | None = None) -> floa
         return config.target
     if config.is_gym:
         return gym_threshold
+    if config.env.startswith(gymnax_env.PREFIX):
+        return GYMNAX_TARGETS.get(config.env[len(gymnax_env.PREFIX) :])
     if config.max_steps is None and config.env in GYM_TARGETS:
         return GYM_TARGETS[config.env]
     return UNCAPPED_TARGET if config.horizon is None else 0.95 * config.horizon

@@ -172,3 +172,17 @@ def test_uncapped_episodes_span_several_rollout_programs():
 def test_bad_options_fail_with_one_line(rl, message):
     with pytest.raises(RLError, match=message.replace("[", r"\[").replace("]", r"\]")):
         PolicyGradientTrainer(solver_text(net_text(), rl), seed=0)
+
+
+def test_gymnax_acrobot_runs_in_the_jitted_rollout():
+    """gymnax:Acrobot-v1 through the adapter: -1 per step until the goal, 500-step cap."""
+    net = net_text(kind=SOFTMAX, actions=3).replace("channels: 4", "channels: 6")
+    t = PolicyGradientTrainer(solver_text(net, 'env: "gymnax:Acrobot-v1" batch_size: 3'), seed=0)
+    assert t.config.horizon == 500 and t.target == -100.0
+    ts, m = t.train_batch(t.init())
+    lengths, returns = np.asarray(m.lengths), np.asarray(m.returns)
+    assert np.all((lengths >= 1) & (lengths <= 500))
+    # -1 on every step but a terminating one (0): the return is -length or -(length - 1)
+    assert np.all((returns == -lengths) | (returns == -(lengths - 1)))
+    with pytest.raises(RLError, match="unknown gymnax environment"):
+        PolicyGradientTrainer(solver_text(net, 'env: "gymnax:NoSuchEnv-v0"'), seed=0)
