@@ -20,7 +20,7 @@ from caffe2jax.runtime.rl import envs
 from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
 from caffe2jax.runtime.solverstate import snapshot_name
 
-ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", or gym:<Gymnasium id>"
+ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", gymnax:<id> or gym:<Gymnasium id>"
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +37,15 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
     p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
     p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.caffemodel snapshots")
+    p.add_argument(
+        "--test", action="store_true", help="run a trained policy (--weights), no learning"
+    )
+    p.add_argument("--weights", metavar="W", help="--test: the trained .caffemodel")
+    p.add_argument("--sample", action="store_true", help="--test: draw actions (default greedy)")
+    p.add_argument("--render", metavar="GIF", help="--test: animate one Cart-Pole episode")
+    p.add_argument(
+        "--seeds", metavar="LIST", help="train one policy per seed side by side, e.g. 0-15"
+    )
     p.set_defaults(func=run)
 
 
@@ -107,7 +116,103 @@ def _plot(path: str, returns: list[float], target: float | None) -> None:
     plt.close(fig)
 
 
+def run_test(args: argparse.Namespace) -> int:
+    """MyCaffe's Test for a PG trainer: play episodes with the trained policy, no learning."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl import evaluate
+    from caffe2jax.runtime.weights import load_weights
+
+    if not args.weights:
+        raise CaffeError("rl --test needs --weights W (a .caffemodel the trainer wrote)")
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
+    params, state = load_weights(args.weights, trainer.model)
+    episodes = args.episodes or 100
+    greedy = not args.sample
+    seed = trainer.config.seed
+    res = evaluate.evaluate(trainer, params, state, episodes, greedy, seed, args.horizon)
+    mode = "greedy" if greedy else "sampled"
+    print(
+        f"Test: {episodes} episodes on {trainer.config.env} ({mode}): mean return "
+        f"{np.mean(res.returns):.1f} ± {np.std(res.returns):.1f} (min {np.min(res.returns):.0f}, "
+        f"max {np.max(res.returns):.0f}); {res.truncated} stopped at the horizon {res.horizon}"
+    )
+    if args.render:
+        from caffe2jax.runtime.rl.render import write_gif
+
+        states = evaluate.play_states(trainer, params, state, greedy, seed)
+        write_gif(args.render, trainer.env, states)
+        print(f"Wrote {args.render} ({len(states)} frames)")
+    return 0
+
+
+def _plot_seeds(path: str, result, target: float | None) -> None:
+    """Median trailing-100 mean over the seeds, with the 25-75% and min-max bands."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl.seeds import trailing_means
+
+    plt = _pyplot()
+    means = trailing_means(result.returns)
+    episodes = np.arange(1, means.shape[1] + 1)
+    q = np.percentile(means, [0, 25, 50, 75, 100], axis=0)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.fill_between(episodes, q[0], q[4], alpha=0.15, label="min-max")
+    ax.fill_between(episodes, q[1], q[3], alpha=0.35, label="25-75%")
+    ax.plot(episodes, q[2], lw=1.8, label=f"median of {len(result.seeds)} seeds")
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("mean return of the last 100 episodes")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_seeds(args: argparse.Namespace) -> int:
+    """``--seeds``: independent policies side by side in one program (vmapped over seeds)."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl.seeds import parse_seeds, train_seeds
+
+    start = time.perf_counter()
+    if args.plot:
+        _pyplot()
+    seeds = parse_seeds(args.seeds)
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=seeds[0], horizon=args.horizon)
+    target = args.target if args.target is not None else trainer.target
+    limit = args.episodes or trainer.config.max_episodes
+    if not limit:
+        raise CaffeError("--seeds needs an episode limit: --episodes N or rl_param max_episodes")
+    result = train_seeds(trainer, seeds, limit, target)
+    seconds = time.perf_counter() - start
+    for seed, at in zip(result.seeds, result.solved_at):
+        print(f"Seed {seed}: " + (f"solved at episode {at}" if at else "not solved"))
+    hit = [a for a in result.solved_at if a is not None]
+    spread = (
+        f"; solve episodes median {np.median(hit):.0f}, quartiles "
+        f"{np.percentile(hit, 25):.0f}-{np.percentile(hit, 75):.0f}, range {min(hit)}-{max(hit)}"
+        if hit
+        else ""
+    )
+    print(
+        f"Solved {len(hit)}/{len(seeds)} seeds (target {target:g}){spread} "
+        f"({seconds:.1f} s, {result.steps / max(seconds, 1e-9):.0f} env-steps/s)"
+    )
+    if args.plot:
+        _plot_seeds(args.plot, result, target)
+        print(f"Wrote {args.plot}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.test:
+        return run_test(args)
+    if args.seeds:
+        return run_seeds(args)
+    if args.weights or args.render or args.sample:
+        raise CaffeError("--weights, --render and --sample go with --test")
     start = time.perf_counter()
     if args.plot:
         _pyplot()  # a missing matplotlib fails now, not after training

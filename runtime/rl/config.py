@@ -16,13 +16,21 @@ setting                     unset means                 MyCaffe's (paper's) valu
 ``batch_size``              MemoryData's batch_size     ``GetBatchSize(phase)`` episodes
 ``gamma``                   0.99                        0.99 (property ``Gamma``)
 ``target_return``           475 v1, 195 v0, else 95%    —
-                            of the horizon; gym: the
-                            spec's reward_threshold
+                            of the horizon (950 when
+                            uncapped); gym: the spec's
+                            reward_threshold
+``horizon``                 the env's cap; none for     none (an episode ends when the
+                            cartpole-mycaffe            pole falls)
+``rollout_chunk``           1024                        —
+``allow_discount_reset``    false                       false (``AllowDiscountReset``)
+``eps_steps/start/end``     0 / 0 / 0 (off)             0 / 0 / 0 (PG.MT ``EpsSteps``…)
+``episode_elite_percent``   1 (keep all)                1.0 (PG.MT ``EpisodeElitePercent``)
 ==========================  ==========================  ==================================
 
-``horizon`` bounds the jitted rollout (a static scan length): capped envs use their cap;
-uncapped ones (MyCaffe's) stop an episode after ``horizon`` steps (default 1000), which is
-a truncation MyCaffe does not have.
+``horizon`` truncates episodes; capped envs use their cap as the static scan length. With no
+horizon (MyCaffe's gym) an episode runs until the env ends it: the batch is played as a chain
+of bounded programs of ``rollout_chunk`` steps each (the last lane's state carried from one to
+the next), so the compiled programs stay bounded however long an episode lasts.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from caffe2jax.runtime.rl import envs
+from caffe2jax.runtime.rl import envs, gymnax_env
 from caffe2jax.runtime.rl.gym_host import GYM_PREFIX
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import RESET_MODES
 
-DEFAULT_HORIZON = 1000
+UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
+# Gymnasium's reward_threshold of the same environments
+GYMNAX_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
 GYM_TARGETS = {"cartpole-v0": 195.0, "cartpole-v1": 475.0, "cartpole": 475.0}
 
 
@@ -49,7 +59,8 @@ class RLConfig:
     env: str = "cartpole"
     gamma: float = 0.99
     batch_size: int = 10
-    horizon: int | None = None  # None: the env's cap, else DEFAULT_HORIZON
+    horizon: int | None = None  # None: the env's cap, else no truncation
+    rollout_chunk: int = 1024  # steps per program when there is no horizon
     chunk: int = 32
     reset_mode: str = "mask"
     population_std: bool = True
@@ -61,6 +72,11 @@ class RLConfig:
     target: float | None = None
     max_episodes: int = 0
     seed: int = 0
+    allow_discount_reset: bool = False
+    eps_steps: int = 0
+    eps_start: float = 0.0
+    eps_end: float = 0.0
+    episode_elite_percent: float = 1.0
 
     @property
     def is_gym(self) -> bool:
@@ -91,7 +107,7 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
     rl = solver_param.rl_param
     given = {k: v for k, v in overrides.items() if v is not None}
     env = str(given.pop("env", rl.env)).strip()
-    if not env.startswith(GYM_PREFIX):
+    if not env.startswith((GYM_PREFIX, gymnax_env.PREFIX)):
         env = env.lower()
     mycaffe = env == "cartpole-mycaffe"
     values: dict[str, Any] = {
@@ -110,9 +126,18 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
         "max_steps": _opt(rl, "max_steps"),
         "target": _opt(rl, "target_return"),
         "max_episodes": rl.max_episodes,
+        "horizon": (rl.horizon or None) if rl.HasField("horizon") else None,
+        "rollout_chunk": rl.rollout_chunk,
+        "allow_discount_reset": rl.allow_discount_reset,
+        "eps_steps": rl.eps_steps,
+        "eps_start": rl.eps_start,
+        "eps_end": rl.eps_end,
+        "episode_elite_percent": rl.episode_elite_percent,
     }
     values["seed"] = _seed(solver_param, given.pop("seed", None))
     values.update(given)
+    if values["horizon"] == 0:
+        values["horizon"] = None
     config = RLConfig(**values)
     check(config)
     return resolve_horizon(config)
@@ -120,7 +145,14 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
 
 def check(config: RLConfig) -> None:
     """One-line RLErrors for settings the trainer cannot run."""
-    if not config.is_gym:
+    if config.env.startswith(gymnax_env.PREFIX):
+        try:
+            gymnax_env.make(config.env)
+        except ValueError as err:
+            raise RLError(str(err)) from None
+        if config.pole_angle_limit_deg is not None or config.max_steps is not None:
+            raise RLError("pole_angle_limit_deg and max_steps apply to the built-in Cart-Pole envs")
+    elif not config.is_gym:
         try:
             envs.make_env(config.env)
         except ValueError:
@@ -136,6 +168,17 @@ def check(config: RLConfig) -> None:
         raise RLError(f"rl_param gamma must lie in [0, 1], got {config.gamma}")
     if config.horizon is not None and config.horizon < 1:
         raise RLError(f"the rollout horizon must be >= 1, got {config.horizon}")
+    if config.rollout_chunk < 1:
+        raise RLError(f"rl_param rollout_chunk must be >= 1, got {config.rollout_chunk}")
+    for name in ("eps_start", "eps_end"):
+        value = getattr(config, name)
+        if not 0 <= value <= 1:
+            raise RLError(f"rl_param {name} must lie in [0, 1] (MyCaffe's range), got {value}")
+    if config.eps_end > config.eps_start:
+        raise RLError(
+            f"rl_param eps_end ({config.eps_end}) must not exceed eps_start "
+            f"({config.eps_start}), as in MyCaffe"
+        )
     if config.reset_mode not in RESET_MODES:
         raise RLError(f"reset_mode must be one of {RESET_MODES}, got {config.reset_mode!r}")
     if config.pole_angle_limit_deg is not None and not 0 < config.pole_angle_limit_deg < 90:
@@ -145,7 +188,10 @@ def check(config: RLConfig) -> None:
 
 
 def make_env(config: RLConfig) -> envs.CartPoleParams:
-    """The built-in JAX env with the config's angle limit and step cap applied."""
+    """The built-in JAX env with the config's angle limit and step cap applied (or the
+    gymnax env a ``gymnax:<id>`` names)."""
+    if config.env.startswith(gymnax_env.PREFIX):
+        return gymnax_env.make(config.env)
     env = envs.make_env(config.env)
     changes: dict[str, Any] = {}
     if config.pole_angle_limit_deg is not None:
@@ -156,16 +202,13 @@ def make_env(config: RLConfig) -> envs.CartPoleParams:
 
 
 def resolve_horizon(config: RLConfig) -> RLConfig:
-    """Capped JAX envs scan to their cap (or a smaller given horizon); uncapped ones to the
-    given horizon or DEFAULT_HORIZON. Gymnasium envs keep None (the host loop needs none)."""
+    """Capped JAX envs scan to their cap (or a smaller given horizon); uncapped ones keep the
+    given horizon, or None: no truncation. Gymnasium envs keep theirs (None: TimeLimit's)."""
     if config.is_gym:
         return config
     cap = make_env(config).max_episode_steps
     given = config.horizon
-    if cap > 0:
-        horizon = cap if given is None else min(cap, given)
-    else:
-        horizon = DEFAULT_HORIZON if given is None else given
+    horizon = (cap if given is None else min(cap, given)) if cap > 0 else given
     return dataclasses.replace(config, horizon=horizon)
 
 
@@ -175,6 +218,8 @@ def default_target(config: RLConfig, gym_threshold: float | None = None) -> floa
         return config.target
     if config.is_gym:
         return gym_threshold
+    if config.env.startswith(gymnax_env.PREFIX):
+        return GYMNAX_TARGETS.get(config.env[len(gymnax_env.PREFIX) :])
     if config.max_steps is None and config.env in GYM_TARGETS:
         return GYM_TARGETS[config.env]
-    return 0.95 * config.horizon
+    return UNCAPPED_TARGET if config.horizon is None else 0.95 * config.horizon

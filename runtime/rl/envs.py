@@ -133,9 +133,11 @@ def cartpole_v0() -> CartPoleParams:
 def cartpole_mycaffe() -> CartPoleParams:
     """MyCaffe's Cart-Pole gym (MyCaffe/MyCaffe, ``MyCaffe.gym/Gyms/CartPoleGym.cs``).
 
-    Behaviour deliberately not reproduced: MyCaffe's ``Step`` returns the state from *before* the
-    update as its observation (a one-step lag); here the observation is the updated state as in
-    Gymnasium. Its optional additive-force mode (``Init2=1``) is off by default and not modelled.
+    MyCaffe's ``Step`` returns the state from *before* the update as its observation (a one-step
+    lag); the env itself observes the updated state as Gymnasium does, and the trainer
+    reproduces the lag with ``stale_observation`` (on by default for cartpole-mycaffe, see
+    :mod:`.rollout`). Not modelled: the optional additive-force mode (``Init2=1``, off by
+    default).
     """
     return CartPoleParams(
         name="CartPole-MyCaffe",

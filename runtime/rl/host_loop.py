@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.runtime.rl import rule
 from caffe2jax.runtime.rl.gym_host import HostEnv
 from caffe2jax.runtime.rl.policy import RLError
-from caffe2jax.runtime.rl.rollout import Trajectory, preprocess, sample
+from caffe2jax.runtime.rl.rollout import Trajectory, explore, preprocess, sample
 
 if TYPE_CHECKING:
     from caffe2jax.runtime.rl.config import RLConfig
@@ -42,17 +43,24 @@ def open_env(config: RLConfig) -> HostEnv:
 
 
 def _act_fn(trainer: PolicyGradientTrainer) -> Any:
-    """Jitted ``(params, state, seen, lanes, alive, key) -> (x, lanes, probs, action)``."""
+    """Jitted ``(params, state, seen, lanes, alive, key, first) -> (x, lanes, probs, action)``
+    (``first``: the batch's first episode index, for PG.MT's ε schedule)."""
     cached = getattr(trainer, "_host_act", None)
     if cached is not None:
         return cached
-    spec, difference = trainer.policy.spec, trainer.config.difference_input
+    spec, cfg = trainer.policy.spec, trainer.config
 
-    def act(params, state, seen, lanes, alive, key):
-        x, lanes = preprocess(seen, lanes, alive, difference)
+    def act(params, state, seen, lanes, alive, key, first):
+        x, lanes = preprocess(seen, lanes, alive, cfg.difference_input)
         probs = trainer.policy.forward(params, state, x)[0]
         u = jax.random.uniform(key, (seen.shape[0],), jnp.float32)
-        return x, lanes, probs, sample(spec.kind, probs, u)
+        action = sample(spec.kind, probs, u)
+        if cfg.eps_steps > 0:
+            index = first + jnp.arange(seen.shape[0], dtype=jnp.int32)
+            eps = rule.epsilon(index, cfg.eps_steps, cfg.eps_start, cfg.eps_end)
+            u_eps = jax.random.uniform(jax.random.fold_in(key, 1), (seen.shape[0], 2))
+            probs, action = explore(spec.kind, probs, action, eps, u_eps)
+        return x, lanes, probs, action
 
     trainer._host_act = jax.jit(act)
     return trainer._host_act
@@ -73,6 +81,7 @@ def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tup
     host, cfg, act = trainer.host, trainer.config, _act_fn(trainer)
     true_obs = host.reset().reshape(cfg.batch_size, -1).astype(np.float32)
     seen, lanes = true_obs, ts.lanes
+    first = lanes.episodes
     alive = np.ones(cfg.batch_size, np.bool_)
     record: dict[str, list[np.ndarray]] = {k: [] for k in ("x", "a", "p", "r", "m")}
     t = 0
@@ -84,6 +93,7 @@ def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tup
             lanes,
             jnp.asarray(alive),
             jax.random.fold_in(key, t),
+            first,
         )
         action = np.asarray(action)
         _, reward, terminated, truncated = host.step(action)
@@ -93,8 +103,8 @@ def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tup
         seen = true_obs if cfg.stale_observation else final
         true_obs = final
         t += 1
-        alive &= ~(terminated | truncated) & (cfg.horizon is None or t < cfg.horizon)
-    return record, lanes
+        alive &= ~(terminated | truncated) & (not cfg.horizon or t < cfg.horizon)
+    return record, lanes._replace(episodes=first + cfg.batch_size)
 
 
 def train_batch(trainer: PolicyGradientTrainer, ts: TrainState) -> tuple[TrainState, BatchMetrics]:

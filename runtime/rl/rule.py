@@ -7,8 +7,14 @@ Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs`` a
 ``pg.simple/TrainerPG.cs``; the MyCaffe paper, Brown 2018, arXiv:1810.02272):
 
 * ``GetDiscountedRewards``: ``running = running·gamma + r_t`` backwards in time from the
-  episode's last step (gamma defaults to 0.99; the Pong-only ``AllowDiscountReset`` is not
-  reproduced);
+  episode's last step (gamma defaults to 0.99); with ``AllowDiscountReset`` (PG.MT,
+  ``Memory.GetDiscountedRewards(fGamma, bAllowReset)``) the running sum restarts at 0 at
+  every step whose reward is non-zero, before that reward is added;
+* PG.MT's ``MemoryCache.PurgeNonElite(EpisodeElitePercent)``: of the episodes gathered for
+  one update only those whose reward sum is at least ``min + (1 − p)(max − min)`` are learned
+  from (``p`` ≤ 0 or ≥ 1 keeps all);
+* PG.MT's ``Agent.getEpsilon``: ``eps_start + n·(eps_end − eps_start)/eps_steps`` for the
+  ``n``-th episode (0-based) while ``n < eps_steps``, then ``eps_end``; 0 when eps_steps is 0;
 * ``SetDiscountedR`` / ``Blob.NormalizeData``: per episode, subtract the mean and divide by the
   standard deviation; MyCaffe's ``Blob.std`` is the population one (÷T) and a zero std skips
   the division (``population=False`` gives the sample std, ÷(T−1));
@@ -36,11 +42,16 @@ from caffe2jax.lowering.graph import Params
 LEARN_CHUNK = 64
 
 
-def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax.Array:
-    """``R_t = r_t + gamma·R_{t+1}`` within each episode (zero on padded steps)."""
+def discounted_returns(
+    rewards: jax.Array, mask: jax.Array, gamma: float, allow_reset: bool = False
+) -> jax.Array:
+    """``R_t = r_t + gamma·R_{t+1}`` within each episode (zero on padded steps); with
+    ``allow_reset`` (MyCaffe's AllowDiscountReset) ``R_t = r_t`` wherever ``r_t != 0``."""
 
     def back(running: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
         r, m = step
+        if allow_reset:
+            running = jnp.where(r != 0, 0.0, running)
         running = (running * gamma + r) * m
         return running, running
 
@@ -48,6 +59,24 @@ def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax
         back, jnp.zeros(rewards.shape[1:], rewards.dtype), (rewards, mask), reverse=True
     )
     return out
+
+
+def elite_mask(reward_sums: jax.Array, percent: float) -> jax.Array:
+    """PG.MT's ``PurgeNonElite``: 1.0 for the episodes kept, 0.0 for the others, shape (B,)."""
+    if percent <= 0.0 or percent >= 1.0:
+        return jnp.ones_like(reward_sums)
+    low, high = jnp.min(reward_sums), jnp.max(reward_sums)
+    cutoff = low + (1.0 - percent) * (high - low)
+    return (reward_sums >= cutoff).astype(reward_sums.dtype)
+
+
+def epsilon(episode: jax.Array, steps: int, start: float, end: float) -> jax.Array:
+    """PG.MT's ``getEpsilon`` for the 0-based ``episode`` index (any shape)."""
+    episode = jnp.asarray(episode)
+    if steps == 0:
+        return jnp.zeros(episode.shape, jnp.float32)
+    ramp = start + episode.astype(jnp.float32) * ((end - start) / steps)
+    return jnp.where(episode >= steps, end, ramp).astype(jnp.float32)
 
 
 def standardize(returns: jax.Array, mask: jax.Array, population: bool = True) -> jax.Array:

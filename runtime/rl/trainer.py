@@ -36,7 +36,16 @@ from caffe2jax.lowering.graph import Params
 from caffe2jax.runtime.rl import config as rl_config
 from caffe2jax.runtime.rl import host_loop, rule
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
-from caffe2jax.runtime.rl.rollout import Lanes, RolloutOptions, Trajectory, new_lanes, rollout
+from caffe2jax.runtime.rl.rollout import (
+    Carry,
+    Lanes,
+    RolloutOptions,
+    Trajectory,
+    new_lanes,
+    rollout,
+    rollout_continue,
+    rollout_start,
+)
 from caffe2jax.runtime.solver_setup import read_solver_param, resolve
 from caffe2jax.runtime.solvers import caffe_solver, solver_iter
 from caffe2jax.runtime.training import merge, multipliers, split
@@ -118,6 +127,7 @@ class PolicyGradientTrainer:
         self._batch = jax.jit(self._batch_fn)
         self._learn = jax.jit(self._learn_fn)
         self._init = jax.jit(self.model.init)  # one compilation, not one per filler op
+        self._start = self._continue = self._learn_metrics = None  # uncapped: built on use
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -148,6 +158,10 @@ class PolicyGradientTrainer:
             c.reset_mode,
             c.difference_input,
             c.stale_observation,
+            c.rollout_chunk,
+            c.eps_steps,
+            c.eps_start,
+            c.eps_end,
         )
 
     @property
@@ -169,8 +183,12 @@ class PolicyGradientTrainer:
     def _learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
         """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``."""
         cfg, spec = self.config, self.policy.spec
-        returns = rule.discounted_returns(traj.rewards, traj.mask, cfg.gamma)
+        returns = rule.discounted_returns(
+            traj.rewards, traj.mask, cfg.gamma, cfg.allow_discount_reset
+        )
         advantage = rule.standardize(returns, traj.mask, cfg.population_std)
+        elite = rule.elite_mask(jnp.sum(traj.rewards, axis=0), cfg.episode_elite_percent)
+        advantage = advantage * elite
         by_length = spec.by_length if cfg.normalize_by_length is None else cfg.normalize_by_length
         per_step = spec.per_step if cfg.normalize_by_length is None else 1
         advantage = advantage * rule.loss_scale(traj.mask, spec.loss_weight, per_step, by_length)
@@ -205,7 +223,48 @@ class PolicyGradientTrainer:
         """One update from ``batch_size`` new episodes."""
         if self.host is not None:
             return host_loop.train_batch(self, ts)
+        if self.config.horizon is None:
+            return self._uncapped_batch(ts)
         return self._batch(ts)
+
+    def _uncapped_batch(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+        """No step cap (MyCaffe's gym): the batch runs as bounded rollout programs of
+        ``rollout_chunk`` steps until every lane's episode ended, then one learn program on
+        the whole trajectory (padded to a power-of-two number of segments, so the learn
+        program compiles once per length bucket)."""
+        if self._start is None:
+            self._start = jax.jit(self._start_fn)
+            self._continue = jax.jit(self._continue_fn)
+            self._learn_metrics = jax.jit(self._learn_metrics_fn)
+        key, k_roll = jax.random.split(ts.key)
+        traj, carry = self._start(ts.params, ts.state, k_roll, ts.lanes)
+        parts = [traj]
+        while bool(jnp.any(carry.alive)):
+            key_i = jax.random.fold_in(k_roll, len(parts))
+            traj, carry = self._continue(ts.params, ts.state, carry, key_i)
+            parts.append(traj)
+        bucket = 1 << (len(parts) - 1).bit_length()
+        parts += [jax.tree.map(jnp.zeros_like, parts[0])] * (bucket - len(parts))
+        full = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        params, opt_state, metrics = self._learn_metrics(ts.params, ts.state, ts.opt_state, full)
+        return TrainState(params, ts.state, opt_state, key, carry.lanes), metrics
+
+    def _act(self, params: Params, state: Params) -> Callable[[jax.Array], jax.Array]:
+        return lambda x: self.policy.forward(params, state, x)[0]
+
+    def _start_fn(self, params: Params, state: Params, key: jax.Array, lanes: Lanes) -> tuple:
+        env, opts, kind = self.env, self.rollout_options, self.policy.spec.kind
+        return rollout_start(env, opts, kind, self._act(params, state), key, lanes)
+
+    def _continue_fn(self, params: Params, state: Params, carry: Carry, key: jax.Array) -> tuple:
+        env, opts, kind = self.env, self.rollout_options, self.policy.spec.kind
+        return rollout_continue(env, opts, kind, self._act(params, state), carry, key)
+
+    def _learn_metrics_fn(
+        self, params: Params, state: Params, opt_state: Any, traj: Trajectory
+    ) -> tuple:
+        params, opt_state = self._learn_fn(params, state, opt_state, traj)
+        return params, opt_state, episode_metrics(traj)
 
     def run(
         self,

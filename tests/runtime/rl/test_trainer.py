@@ -14,7 +14,7 @@ import pytest
 
 from caffe2jax.cli import main
 from caffe2jax.runtime.rl import rollout as ro
-from caffe2jax.runtime.rl.config import DEFAULT_HORIZON
+from caffe2jax.runtime.rl.config import UNCAPPED_TARGET
 from caffe2jax.runtime.rl.envs import cartpole_v1
 from caffe2jax.runtime.rl.policy import SIGMOID, SOFTMAX, RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
@@ -132,10 +132,10 @@ def test_stale_and_difference_inputs():
 def test_mycaffe_env_defaults():
     t = PolicyGradientTrainer(solver_text(net_text(), 'env: "cartpole-mycaffe"'), seed=0)
     cfg = t.config
-    assert cfg.difference_input and cfg.stale_observation and cfg.horizon == DEFAULT_HORIZON
+    assert cfg.difference_input and cfg.stale_observation and cfg.horizon is None
     assert t.env.max_episode_steps == 0
     assert math.isclose(t.env.theta_threshold_radians, 20 * math.pi / 180)
-    assert t.target == pytest.approx(0.95 * DEFAULT_HORIZON)
+    assert t.target == pytest.approx(UNCAPPED_TARGET)
     plain = PolicyGradientTrainer(
         solver_text(net_text(), 'env: "cartpole-mycaffe" difference_input: false max_steps: 50'),
         seed=0,
