@@ -58,11 +58,11 @@ def step_rate(prototxt, shapes: dict, steps: int) -> float:
     batch = {n: rng.random(s).astype(np.float32) for n, s in shapes.items()}
     batch["label"] = np.zeros(shapes["label"], np.float32)
     key = jax.random.key(0)
-    params, state, opt, loss, _ = trainer.step(params, state, opt, [batch], key, 0)
+    params, state, opt, loss, _, _ = trainer.step(params, state, opt, [batch], key, 0)
     jax.block_until_ready(loss)
     start = time.perf_counter()
     for i in range(steps):
-        params, state, opt, loss, _ = trainer.step(params, state, opt, [batch], key, i)
+        params, state, opt, loss, _, _ = trainer.step(params, state, opt, [batch], key, i)
     jax.block_until_ready(loss)
     return steps * shapes["label"][0] / (time.perf_counter() - start)
 

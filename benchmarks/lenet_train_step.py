@@ -42,7 +42,7 @@ def caffe2jax_step():
     carry = [params, state, opt]
 
     def run(x, y, i):
-        p, s, o, loss, _ = trainer.step(*carry, [{"data": x, "label": y}], key, i)
+        p, s, o, loss, _, _ = trainer.step(*carry, [{"data": x, "label": y}], key, i)
         carry[:] = [p, s, o]
         return loss
 

@@ -40,8 +40,8 @@ class Slot:
     def _held(self) -> bool:
         """True when something besides this slot references the numpy array (a user's
         variable, a view of it): then it must keep showing the slot's value."""
-        # getrefcount counts the attribute, the local name and its own argument.
-        return self._array is not None and sys.getrefcount(self._array) > 3
+        # getrefcount counts the attribute and its own argument.
+        return self._array is not None and sys.getrefcount(self._array) > 2
 
     def set(self, value: Value) -> None:
         """A new value (device array, numpy array or thunk); held arrays see it at once."""

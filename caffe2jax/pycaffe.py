@@ -307,6 +307,8 @@ class Net:
                     return env, state, key, rng
 
                 self._jitted[key] = jax.jit(step)
+            elif kind == "replay":
+                self._jitted[key] = jax.jit(passes.forward_fn(graph, lo, hi))
             else:
                 plan = passes.plan(graph, lo, hi)
                 self._jitted[key] = (plan, jax.jit(passes.backward_fn(graph, plan)))
@@ -512,35 +514,42 @@ class Net:
             if version in env:
                 self.blobs[name]._set_data(env[version])
 
-    def _show_pass(self, record: Any) -> None:
+    def _show_pass(self, record: Any, outputs: dict[str, Any]) -> None:
         """Make the blobs show one training pass (:class:`caffe2jax.runtime.train_state.Pass`):
-        data from its forward, diffs from its backward, computed only when first read."""
-        graph = self._model.graph
+        its inputs and ``outputs`` (which the step returned) as they are; other blobs' data
+        from a forward, and diffs from a backward, recomputed only when first read."""
         hi = len(self.layers) - 1
-        plan, fn = self._compiled("backward", 0, hi)
         dtype = self._model.dtype
-        seeds = {name: jnp.full(self.blobs[name].shape, self._initial_diffs.get(name, 0.0),
-                                dtype) for _, name in plan.seeds}  # fmt: skip
+        forward = self._compiled("replay", 0, hi)
+        plan, backward = self._compiled("backward", 0, hi)
         cache: dict[str, Any] = {}
 
-        def computed():
-            if not cache:
-                env = {self._input_version[n]: jnp.asarray(v, dtype)
-                       for n, v in record.inputs.items() if n in self._input_version}  # fmt: skip
-                diffs, _, out = fn(record.params, record.state, env, record.rng, seeds)
-                cache.update(diffs=diffs, out=out)
-            return cache
+        def env() -> dict[str, Any]:
+            return {self._input_version[n]: jnp.asarray(v, dtype)
+                    for n, v in record.inputs.items() if n in self._input_version}  # fmt: skip
+
+        def data(version: str) -> Any:
+            if "out" not in cache:
+                cache["out"] = forward(record.params, record.state, env(), record.rng)[0]
+            return cache["out"][version]
+
+        def diff(name: str) -> Any:
+            if "diffs" not in cache:
+                seeds = {n: jnp.full(self.blobs[n].shape, self._initial_diffs.get(n, 0.0), dtype)
+                         for _, n in plan.seeds}  # fmt: skip
+                cache["diffs"] = backward(record.params, record.state, env(), record.rng,
+                                          seeds)[0]  # fmt: skip
+            return cache["diffs"][name]
 
         for name, version in self._data_version.items():
             if name in record.inputs:
                 self.blobs[name]._set_data(record.inputs[name])
+            elif name in outputs:
+                self.blobs[name]._set_data(outputs[name])
             else:
-                self.blobs[name]._set_data(lambda v=version: computed()["out"][v])
-        written = dict(plan.writes)
-        for name, blob in self.blobs.items():
-            if name in written:
-                blob._set_diff(lambda n=name: computed()["diffs"][n])
-        del graph
+                self.blobs[name]._set_data(lambda v=version: data(v))
+        for name, _ in plan.writes:
+            self.blobs[name]._set_diff(lambda n=name: diff(n))
 
 
 def _padded(value: Any, batch: int) -> np.ndarray:

@@ -128,11 +128,12 @@ class Solver:
         params, state = net._trees()
         loop.ts = loop.ts.replace(params=params, state={**loop.ts.state, **state})
 
-    def _push(self) -> None:
-        """The train state's values into the views (arrays scripts hold see them)."""
+    def _push(self, tests: bool = True) -> None:
+        """The train state's values into the views (arrays scripts hold see them); test nets
+        share the train net's blobs, so their own blobs change only when ``tests``."""
         loop = self._loop
         self.net._set_params(loop.ts.params, loop.ts.state)
-        for i, test in enumerate(self.test_nets):
+        for i, test in enumerate(self.test_nets if tests else []):
             params, state = loop.test_params(i)
             shared = set(loop.shares[i])
             test._set_params(_unshared(params, shared), _unshared(state, shared))
@@ -149,20 +150,21 @@ class Solver:
     def step(self, iters: int) -> None:
         """Caffe's Solver::Step: ``iters`` iterations (tests, display and snapshots included)."""
         self._pull()
+        tested = self._loop.tests_run
         self._loop.step(iters, self._fill)
-        self._show()
+        self._show(tests=self._loop.tests_run != tested)
 
-    def _show(self) -> None:
+    def _show(self, tests: bool = True) -> None:
         loop = self._loop
-        self._push()
+        self._push(tests)
         record = loop.last_pass
         if record is not None:
-            self.net._show_pass(record)
+            self.net._show_pass(record, loop.last_outputs)
             for (name, j), blob in self.net._param_blobs.items():
                 diffs = record.diffs.get(name)
                 if diffs is not None and diffs[j] is not None:
                     blob._set_diff(diffs[j])
-        for test, env in zip(self.test_nets, loop.last_test_env):
+        for test, env in zip(self.test_nets if tests else [], loop.last_test_env):
             if env is not None:
                 test._show_forward(env)
 

@@ -120,7 +120,9 @@ class SolverLoop:
                              jax.random.key(self.seed))  # fmt: skip
         self.test_states = [t.model.init(jax.random.key(self.seed))[1] for t in self.tests]
         self.last_pass: Pass | None = None
+        self.last_outputs: dict[str, Any] = {}
         self.last_test_env: list[dict | None] = [None] * len(self.tests)
+        self.tests_run = 0
         self.window = LossWindow(p.average_loss)
         self._pending: list[tuple[int, Any]] = []
         self.stopped = False
@@ -189,7 +191,7 @@ class SolverLoop:
             display = p.display and iteration % p.display == 0
             if display:
                 lr = float(solvers.current_lr(p, self.ts.opt_state))
-            self.ts, loss, outputs, self.last_pass = train_step(
+            self.ts, loss, self.last_outputs, self.last_pass = train_step(
                 self.trainer, self.ts, self._passes(fill)
             )
             for callback in self.on_gradients_ready:
@@ -203,7 +205,7 @@ class SolverLoop:
                     f"Iteration {iteration} ({rate:.6g} iter/s, {lapse:.6g}s/{p.display} "
                     f"iters), loss = {self.window.smoothed:.6g}"
                 )
-                self.log_outputs("Train", self.train.model, outputs)
+                self.log_outputs("Train", self.train.model, self.last_outputs)
                 self.log.info(f"Iteration {iteration}, lr = {lr:.6g}")
                 timer, last_iter = time.perf_counter(), iteration
             if self.on_iteration is not None:
@@ -291,6 +293,7 @@ class SolverLoop:
         self.test_states[index] = {**self.test_states[index],
                                    **{k: v for k, v in state.items() if is_carry(k)}}  # fmt: skip
         self.last_test_env[index] = blobs
+        self.tests_run += 1
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")
         return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
