@@ -60,6 +60,8 @@ __all__ = [
 
 # --- pycaffe's other names (issue 11): caffe.proto, net_spec, Layer, Classifier, Detector … ---
 from caffe2jax import coord_map, net_spec, proto  # noqa: E402
+from caffe2jax.classifier import Classifier  # noqa: E402
+from caffe2jax.detector import Detector  # noqa: E402
 from caffe2jax.lowering.python_class import Layer  # noqa: E402
 from caffe2jax.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
 from caffe2jax.process import (  # noqa: E402
@@ -76,6 +78,8 @@ from caffe2jax.process import (  # noqa: E402
 )
 
 __all__ += [
+    "Classifier",
+    "Detector",
     "Layer",
     "NetSpec",
     "Timer",
