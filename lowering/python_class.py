@@ -172,6 +172,7 @@ class _Bound:
     top_shapes: dict[tuple[Shape, ...], tuple[Shape, ...]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     serial: int = 0
+    holds: int = 0  # the forward whose attributes the instance holds now
     snapshots: OrderedDict = field(default_factory=OrderedDict)
 
     def fail(self, problem: str) -> NetError:
@@ -271,6 +272,7 @@ def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dt
             inst.forward(bound.bottom, bound.top)
             tops = [np.asarray(t.data, dtype).reshape(s) for t, s in zip(bound.top, expected)]
             bound.serial += 1
+            bound.holds = bound.serial
             token = np.int32(bound.serial)
             if keep:
                 bound.snapshots[int(token)] = _copied(vars(inst))
@@ -288,8 +290,14 @@ def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, 
     try:
         with bound.lock:
             saved = bound.snapshots.pop(int(token), None)
-            if int(token) != bound.serial and saved is not None:
+            if int(token) != bound.holds:
+                if saved is None:
+                    raise bound.fail(
+                        f"backward came after more than {SNAPSHOTS_KEPT} later forwards; the "
+                        "state its own forward left is no longer kept"
+                    )
                 vars(inst).update(_copied(saved))
+                bound.holds = int(token)
             _load(inst.blobs, params)
             _load(bound.bottom, bottoms)
             _load(bound.top, tops)

@@ -382,3 +382,45 @@ def test_python_data_layer_feeds_solver_training(user_module, tmp_path):
     assert reads[:24] == [f"r{k:02d}.npy" for k in range(24)]  # in the layer's own order
     np.testing.assert_allclose(solver.net.params["ip"][0].data.ravel(), w_true, atol=1e-2)
     np.testing.assert_allclose(solver.net.params["ip"][1].data, [0.5], atol=1e-2)
+
+
+def test_backward_sees_the_state_of_its_own_forward(user_module):
+    """pyloss keeps self.diff from forward; a second forward before the first backward must
+    not leak into it."""
+    module = user_module(PYLOSS)
+    model = compile_net(f"""
+    force_backward: true
+    layer {{ name: "in" type: "Input" top: "a" top: "b"
+      input_param {{ shape {{ dim: 4 dim: 3 }} shape {{ dim: 4 dim: 3 }} }} }}
+    layer {{ type: 'Python' name: 'loss' top: 'loss' bottom: 'a' bottom: 'b'
+      python_param {{ module: '{module}' layer: 'EuclideanLossLayer' }} loss_weight: 1 }}""")
+    params, state = model.init(0)
+    rng = np.random.default_rng(4)
+    a1, a2, b = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3))
+
+    def loss(a):
+        return model.loss(params, state, {"a": a, "b": b})[0]
+
+    _, vjp1 = jax.vjp(loss, a1)
+    _, vjp2 = jax.vjp(loss, a2)
+    np.testing.assert_allclose(vjp1(np.float32(1))[0], (a1 - b) / 4, rtol=1e-6)
+    np.testing.assert_allclose(vjp2(np.float32(1))[0], (a2 - b) / 4, rtol=1e-6)
+
+
+def test_solver_trains_a_python_layers_own_blobs(user_module):
+    """self.blobs are learnable params: the solver moves them with backward's blob diffs."""
+    module = user_module(ATTRIBUTES)
+    net = f"""
+    layer {{ name: "in" type: "Input" top: "x" top: "t"
+      input_param {{ shape {{ dim: 4 dim: 3 }} shape {{ dim: 4 dim: 3 }} }} }}
+    layer {{ name: "probe" type: "Python" bottom: "x" top: "y"
+      python_param {{ module: "{module}" layer: "Probe" param_str: "" }} }}
+    layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }}
+    """
+    solver = caffe.get_solver(solver_text(net).replace("momentum: 0.9", "momentum: 0.5"))
+    x = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
+    solver.net.blobs["x"].data[...] = x
+    solver.net.blobs["t"].data[...] = x * np.array([-1.0, 0.5, 4.0], np.float32)
+    np.testing.assert_array_equal(solver.net.params["probe"][0].data, [1.0, 2.0, 3.0])
+    solver.step(300)
+    np.testing.assert_allclose(solver.net.params["probe"][0].data, [-1.0, 0.5, 4.0], atol=5e-2)
