@@ -57,3 +57,46 @@ __all__ = [
     "set_mode_gpu",
     "set_random_seed",
 ]
+
+# --- pycaffe's other names (issue 11): caffe.proto, net_spec, Layer, Classifier, Detector … ---
+from caffe2jax import coord_map, net_spec, proto  # noqa: E402
+from caffe2jax.classifier import Classifier  # noqa: E402
+from caffe2jax.detector import Detector  # noqa: E402
+from caffe2jax.lowering.python_class import Layer  # noqa: E402
+from caffe2jax.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
+from caffe2jax.process import (  # noqa: E402
+    Timer,
+    has_nccl,
+    init_log,
+    layer_type_list,
+    log,
+    set_multiprocess,
+    set_solver_count,
+    set_solver_rank,
+    solver_count,
+    solver_rank,
+)
+
+__all__ += [
+    "Classifier",
+    "Detector",
+    "Layer",
+    "NetSpec",
+    "Timer",
+    "coord_map",
+    "has_nccl",
+    "init_log",
+    "layer_type_list",
+    "layers",
+    "log",
+    "net_spec",
+    "params",
+    "proto",
+    "set_multiprocess",
+    "set_solver_count",
+    "set_solver_rank",
+    "solver_count",
+    "solver_rank",
+    "to_proto",
+]
+# --- end of issue 11's names ---

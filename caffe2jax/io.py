@@ -1,5 +1,10 @@
-"""pycaffe's ``caffe.io``: Datum and BlobProto ↔ numpy, image loading, and the input
-``Transformer`` that deploy scripts use.
+"""pycaffe's ``caffe.io``: Datum and BlobProto ↔ numpy, image loading, ``oversample``, and
+the input ``Transformer`` that deploy scripts use.
+
+The BlobProto and Datum functions keep pycaffe's signatures: ``blobproto_to_array(blob,
+return_diff=False)``, ``array_to_blobproto(arr, diff=None)`` (``shape`` form), a count that
+does not fit the shape raises ``ValueError``; ``array_to_datum(arr, label=None)`` sets the
+label only when one is given and takes C×H×W arrays only.
 
 ``Transformer`` reproduces pycaffe's preprocessing order: resize to the input's spatial size,
 transpose, channel swap, raw scale, mean subtraction, input scale (and ``deprocess`` undoes it).
@@ -15,10 +20,9 @@ import numpy as np
 from PIL import Image
 
 from caffe2jax.errors import DataError
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime.data import datum as _datum
 from caffe2jax.runtime.data.datum import (
-    array_to_blobproto,
-    array_to_datum,
-    blobproto_to_array,
     datum_to_array,
     encoded_datum,
     parse_datum,
@@ -30,15 +34,88 @@ __all__ = [
     "Transformer",
     "array_to_blobproto",
     "array_to_datum",
+    "arraylist_to_blobprotovector_str",
     "blobproto_to_array",
+    "blobprotovector_str_to_arraylist",
     "datum_to_array",
     "encoded_datum",
     "load_image",
+    "oversample",
     "parse_datum",
     "read_blobproto",
     "resize_image",
     "write_blobproto",
 ]
+
+
+def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
+    """A BlobProto's data (or its diff) as an array in the blob's shape (legacy
+    num/channels/height/width when set); a value count that does not fit raises ValueError."""
+    if return_diff:
+        as_data = caffe_pb2.BlobProto()
+        as_data.CopyFrom(blob)
+        for name in ("data", "double_data", "diff", "double_diff"):
+            as_data.ClearField(name)
+        as_data.double_data.extend(blob.double_diff)
+        as_data.data.extend(blob.diff)
+        blob = as_data
+    try:
+        return _datum.blobproto_to_array(blob)
+    except DataError as err:
+        raise ValueError(str(err)) from None
+
+
+def array_to_blobproto(arr: np.ndarray, diff: np.ndarray | None = None) -> caffe_pb2.BlobProto:
+    """A BlobProto (``shape`` form) holding ``arr`` as data and ``diff`` as diff."""
+    arr = np.asarray(arr)
+    blob = _datum.array_to_blobproto(arr, legacy=False)
+    if diff is not None:
+        diff = np.asarray(diff, np.float32)
+        if diff.shape != arr.shape:
+            raise ValueError(f"diff shape {list(diff.shape)} differs from data {list(arr.shape)}")
+        blob.diff.extend(diff.ravel().tolist())
+    return blob
+
+
+def arraylist_to_blobprotovector_str(arraylist: Sequence[np.ndarray]) -> bytes:
+    """A serialized BlobProtoVector of the arrays."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend(array_to_blobproto(arr) for arr in arraylist)
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(value: bytes) -> list[np.ndarray]:
+    """The arrays of a serialized BlobProtoVector."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(value)
+    return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
+def array_to_datum(arr: np.ndarray, label: int | None = None) -> caffe_pb2.Datum:
+    """A Datum from a C×H×W array (uint8 → ``data`` bytes, else ``float_data``); the label
+    is set only when given."""
+    arr = np.asarray(arr)
+    if arr.ndim != 3:
+        raise ValueError(f"Incorrect array shape: a Datum holds C×H×W, got {list(arr.shape)}")
+    datum = _datum.array_to_datum(arr, 0 if label is None else label)
+    if label is None:
+        datum.ClearField("label")
+    return datum
+
+
+def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
+    """The four corner crops and the center crop of each H×W×K image, then the same five
+    mirrored left-right: 10·N crops of ``crop_dims`` (height, width), image by image."""
+    images = [np.asarray(im) for im in images]
+    height, width = images[0].shape[:2]
+    ch, cw = int(crop_dims[0]), int(crop_dims[1])
+    starts = [(y, x) for y in (0, height - ch) for x in (0, width - cw)]
+    starts.append((int(height / 2.0 - ch / 2.0), int(width / 2.0 - cw / 2.0)))
+    crops = []
+    for im in images:
+        five = [im[y : y + ch, x : x + cw, :] for y, x in starts]
+        crops += five + [crop[:, ::-1, :] for crop in five]
+    return np.stack(crops).astype(np.float32)
 
 
 def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
@@ -108,15 +185,24 @@ class Transformer:
         self.input_scale[name] = float(scale)
 
     def set_mean(self, name: str, mean: np.ndarray) -> None:
-        """A per-channel mean (K,) or a full K×H×W mean, in the net's channel order."""
+        """A per-channel mean (K,) or an element-wise K×H×W (or H×W) mean, in the net's
+        channel order; an element-wise mean of another size is resized to the input's, as
+        pycaffe does (e.g. the 256×256 ImageNet mean for a 227×227 input)."""
         shape = self._check(name)
         mean = np.asarray(mean, np.float32)
+        if mean.ndim == 2:
+            mean = mean[None]
         if mean.ndim == 1:
             if mean.shape[0] != shape[1]:
                 raise DataError(f"mean for {name} needs {shape[1]} channels, got {mean.shape[0]}")
             mean = mean[:, None, None]
-        elif mean.shape != tuple(shape[1:]):
+        elif mean.ndim != 3 or mean.shape[0] != shape[1]:
             raise DataError(f"mean for {name} must be {list(shape[1:])}, got {list(mean.shape)}")
+        elif mean.shape[1:] != tuple(shape[2:]):
+            low, high = float(mean.min()), float(mean.max())
+            span = (high - low) or 1.0
+            unit = resize_image(((mean - low) / span).transpose(1, 2, 0), shape[2:])
+            mean = unit.transpose(2, 0, 1) * span + low
         self.mean[name] = mean
 
     def preprocess(self, name: str, data: np.ndarray) -> np.ndarray:

@@ -64,5 +64,8 @@ def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState) -> caffe_
     out.CopyFrom(net)
     del out.layer[:]
     out.layer.extend(layer for layer in net.layer if layer_included(layer, state))
+    for layer in out.layer:  # Net::Init: a layer inherits the net's phase unless it sets one
+        if not layer.HasField("phase"):
+            layer.phase = state.phase
     out.state.CopyFrom(state)
     return out

@@ -1,4 +1,6 @@
-"""Caffe's Python layers (``type: "Python"``), backed by user-registered JAX functions.
+"""Caffe's Python layers (``type: "Python"``): user-registered JAX functions (the fast path,
+below) or, when none is registered, the ``caffe.Layer`` class itself (see
+:mod:`caffe2jax.lowering.python_class`).
 
 Caffe's PythonLayer imports ``python_param.module``, instantiates the class
 ``python_param.layer``, hands it ``param_str``, and calls its ``setup``/``reshape``/
@@ -32,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from caffe2jax import ir
+from caffe2jax.lowering import python_class
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import fail
 
@@ -80,19 +83,29 @@ def registered_python_layers() -> list[str]:
     return sorted(f"{m}.{name}" for m, name in _PYTHON_LAYERS)
 
 
-def _entry(layer: ir.Layer) -> PythonLayer:
-    """The registration for ``layer``'s python_param; a one-line error saying how to add one."""
+def _registered(layer: ir.Layer) -> PythonLayer | None:
+    """The JAX function registered for ``layer``'s python_param, None when there is none (the
+    layer is then a class-style ``caffe.Layer`` imported from sys.path)."""
     p = layer.param.python_param
     if not p.module or not p.layer:
         raise fail(layer, "python_param needs both 'module' and 'layer'")
+    return _PYTHON_LAYERS.get((p.module, p.layer))
+
+
+def _class_style(layer: ir.Layer, call: Callable, *args):
+    """Run ``call`` of the class-style path; a module missing from sys.path is one clear line."""
+    p = layer.param.python_param
     try:
-        return _PYTHON_LAYERS[(p.module, p.layer)]
-    except KeyError:
+        return call(layer, *args)
+    except ModuleNotFoundError as err:
+        if err.name != p.module.split(".")[0] and err.name != p.module:
+            raise  # the user's module imports something missing: their own error
         raise fail(
             layer,
-            f"no JAX implementation is registered for Python layer '{p.module}.{p.layer}'; "
-            "register one with @caffe2jax.lowering.python_layer.register_python_layer("
-            f"'{p.module}', '{p.layer}') before compiling",
+            f"Python layer '{p.module}.{p.layer}': module '{p.module}' is not on sys.path "
+            "(Caffe imports it the same way: add its folder to sys.path or PYTHONPATH), and "
+            "no JAX function is registered for it with "
+            f"register_python_layer('{p.module}', '{p.layer}')",
         ) from None
 
 
@@ -166,8 +179,11 @@ def _with_backward(layer: ir.Layer, entry: PythonLayer, param_str: str, ctx) -> 
 
 @register("Python")
 def python_layer(layer, params, bottoms, ctx):
-    """Caffe's PythonLayer: dispatch to the JAX function registered for (module, layer)."""
-    entry = _entry(layer)
+    """Caffe's PythonLayer: the JAX function registered for (module, layer) when there is
+    one (the fast path), else the class ``module.layer`` run through host callbacks."""
+    entry = _registered(layer)
+    if entry is None:
+        return _class_style(layer, python_class.lower, params, bottoms, ctx)
     param_str = layer.param.python_param.param_str
     if entry.backward is None:
         return _tops(layer, entry.forward(list(bottoms), list(params), param_str, ctx))
@@ -176,7 +192,9 @@ def python_layer(layer, params, bottoms, ctx):
 
 @python_layer.param_shapes
 def _(layer, bottom_shapes):
-    entry = _entry(layer)
+    entry = _registered(layer)
+    if entry is None:
+        return _class_style(layer, python_class.declare, bottom_shapes)
     if entry.param_shapes is None:
         return []
     shapes = [tuple(s) for s in bottom_shapes]

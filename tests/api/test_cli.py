@@ -128,5 +128,5 @@ def test_draw_writes_graphviz_source(tmp_path):
     out = tmp_path / "lenet.dot"
     cli("draw", MODELS / "examples/mnist/lenet_train_test.prototxt", out)
     dot = out.read_text()
-    assert dot.startswith('digraph "LeNet"') and '"layer:conv1" -> "blob:conv1"' in dot
-    assert '"blob:data" -> "layer:conv1"' in dot
+    assert dot.startswith("digraph LeNet") and "conv1_Convolution -> conv1_blob" in dot
+    assert "data_blob -> conv1_Convolution" in dot
