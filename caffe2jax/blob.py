@@ -108,7 +108,10 @@ class Slot:
 
 def _materialize(value: Value, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     if callable(value):
-        value = value()
+        from caffe2jax.lowering.python_class import user_errors
+
+        with user_errors():
+            value = value()
     if value is None:
         return np.zeros(shape, dtype)
     return value

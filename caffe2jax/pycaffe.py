@@ -31,6 +31,7 @@ from caffe2jax.api import Model
 from caffe2jax.blob import Blob
 from caffe2jax.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.python_class import user_errors
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.mode import random_seed
 from caffe2jax.runtime import passes
@@ -351,6 +352,7 @@ class Net:
         wanted += [b for b in (blobs or []) if b not in wanted]
         return {name: self.blobs[name].data for name in wanted}
 
+    @user_errors()
     def _run_forward(self, lo: int, hi: int) -> None:
         graph = self._model.graph
         if lo == 0:
@@ -413,6 +415,7 @@ class Net:
         wanted += [d for d in (diffs or []) if d not in wanted]
         return {name: self.blobs[name].diff for name in wanted}
 
+    @user_errors()
     def _run_backward(self, lo: int, hi: int) -> None:
         plan, fn = self._compiled("backward", lo, hi)
         if self._last is None:

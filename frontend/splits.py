@@ -95,12 +95,29 @@ def insert_splits(net: ir.Net) -> tuple[CaffeLayer, ...]:
                 moved = True
             ids, names = zip(*split_of[top])
             splits.append(
-                CaffeLayer(base, "Split", None, (top,), ids, (user,), names,
-                           (weight,) + (0.0,) * (count - 1))  # fmt: skip
+                CaffeLayer(
+                    base,
+                    "Split",
+                    None,
+                    (top,),
+                    ids,
+                    (user,),
+                    names,
+                    (weight,) + (0.0,) * (count - 1),
+                )  # fmt: skip
             )
         out.append(
-            CaffeLayer(caffe_name(layer), layer.type, layer.name, tuple(bottoms), layer.tops,
-                       tuple(bottom_names), layer.top_names, tuple(losses), moved)  # fmt: skip
+            CaffeLayer(
+                caffe_name(layer),
+                layer.type,
+                layer.name,
+                tuple(bottoms),
+                layer.tops,
+                tuple(bottom_names),
+                layer.top_names,
+                tuple(losses),
+                moved,
+            )  # fmt: skip
         )
         out.extend(splits)
     return tuple(out)

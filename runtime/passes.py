@@ -57,7 +57,7 @@ def plan(graph: Graph, lo: int, hi: int) -> Range:
     produced, external, seeds, writes = set(), {}, {}, {}
     for k in range(lo, hi + 1):
         caffe = layers[k]
-        if not caffe.is_split and graph.lowerings[caffe.key].source:
+        if not caffe.is_split and _from_memory(graph, caffe.key):
             for t, name in zip(caffe.tops, caffe.top_names):  # data comes from memory
                 external.setdefault(t, name)
                 produced.add(t)
@@ -75,6 +75,13 @@ def plan(graph: Graph, lo: int, hi: int) -> Range:
             if needs.get((k, i), False):
                 writes[name] = b
     return Range(lo, hi, tuple(external.items()), tuple(seeds.items()), tuple(writes.items()))
+
+
+def _from_memory(graph: Graph, key: str) -> bool:
+    """Layers whose tops a backward reads as stored, as Caffe's does: data sources, and
+    layers with neither bottoms nor params (a Python data layer must not read again)."""
+    layer = graph.net.layer(key)
+    return graph.lowerings[key].source or (not layer.bottoms and not graph.decls.get(key))
 
 
 def _reader_needs(layers, needs, version: str) -> bool:

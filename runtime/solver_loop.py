@@ -25,6 +25,7 @@ from caffe2jax.api import Model
 from caffe2jax.errors import SolverError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.python_class import user_errors
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime import solvers
 from caffe2jax.runtime.feeding import Feeder, Sinks
@@ -170,6 +171,7 @@ class SolverLoop:
             self.window.add(float(loss), iteration)
         self._pending = []
 
+    @user_errors()
     def step(self, iters: int, fill: Callable[[dict], dict] | None = None) -> None:
         """Caffe's Solver::Step: ``iters`` iterations (tests, display and snapshots included);
         a stop request ends it after the current iteration."""
@@ -237,6 +239,7 @@ class SolverLoop:
             self.test_all()
         self.log.info("Optimization Done.")
 
+    @user_errors()
     def _final_loss(self) -> float:
         """Solve's extra forward after the last update (its loss is displayed)."""
         model = self.train.model
@@ -271,6 +274,7 @@ class SolverLoop:
     def test_all(self) -> list[dict[str, float]]:
         return [self.test(i) for i in range(len(self.tests))]
 
+    @user_errors()
     def test(self, index: int) -> dict[str, float]:
         """Caffe's Solver::Test: mean of each output over test_iter forwards."""
         self.log.info(f"Iteration {self.iter}, Testing net (#{index})")

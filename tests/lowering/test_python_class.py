@@ -300,12 +300,6 @@ def test_missing_module_and_class_are_one_line_errors(user_module):
         compile_net(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=jax.errors.JaxRuntimeError,
-    reason="Solver.step must run its compiled step inside python_class.user_errors() "
-    "(pycaffe Net/Solver are being rewritten; integration pending)",
-)
 def test_user_exception_reaches_solver_step_caller(user_module):
     import importlib
 
