@@ -22,6 +22,36 @@ def temp_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+def remove_stale_temps(folder: Path, prefix: str = "") -> list[Path]:
+    """Remove temp files (:func:`temp_beside`) for names starting with ``prefix`` in
+    ``folder`` whose writing process is gone: what a killed run left behind."""
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for tmp in folder.glob(f".{prefix}*.tmp"):
+        parts = tmp.name.rsplit(".", 3)  # .<name>.<pid>.<hex>.tmp
+        if len(parts) != 4 or not parts[1].isdigit():
+            continue
+        if _alive(int(parts[1])):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _check(path: Path, overwrite: bool) -> None:
     if not overwrite and path.exists():
         raise CaffeError(f"{path} already exists; not overwriting it")

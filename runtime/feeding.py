@@ -62,6 +62,12 @@ class MemoryData:
         self.pos = (self.pos + self.batch_size) % len(self.data)
         return [self.data[rows], self.labels[rows]]
 
+    def get_state(self) -> dict:
+        return {"pos": self.pos}
+
+    def set_state(self, state: dict) -> None:
+        self.pos = int(state["pos"])
+
     def skip(self, batches: int) -> None:
         """Advance as if ``batches`` forwards had run (resuming a run at an iteration)."""
         if self.data is not None:
@@ -101,6 +107,17 @@ class Feeder:
         for name, source in self.sources.items():
             batches.update(zip(self.layers[name].top_names, source.next_batch()))
         return batches
+
+    def get_state(self) -> dict[str, dict]:
+        """Where every data layer stands (for exact resume), by layer name."""
+        from caffe2jax.runtime.data.sources import plain
+
+        return {name: plain(source.get_state()) for name, source in self.sources.items()}
+
+    def set_state(self, states: dict[str, dict]) -> None:
+        for name, state in states.items():
+            if name in self.sources:
+                self.sources[name].set_state(state)
 
     def memory_layers(self) -> list[MemoryData]:
         return [s for s in self.sources.values() if isinstance(s, MemoryData)]

@@ -9,6 +9,7 @@ and Caffe's signal actions (stop / snapshot, checked between iterations).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ import numpy as np
 from caffe2jax import ir
 from caffe2jax.api import Model
 from caffe2jax.errors import SolverError
+from caffe2jax.fileio import atomic_write, remove_stale_temps
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
@@ -40,6 +42,13 @@ from caffe2jax.runtime.train_state import LossWindow, Pass, TrainState, train_st
 from caffe2jax.runtime.training import Trainer, learnable_order, merge
 
 log = logging.getLogger("caffe2jax")
+
+
+def resume_path(solverstate: Path) -> Path:
+    """The sidecar of a snapshot (``X.solverstate`` → ``X.solverstate.resume.json``): JSON
+    beside the solverstate rather than an extension field inside it, so the solverstate stays
+    byte-for-byte what Caffe writes and reads, and the record can be read by eye."""
+    return solverstate.with_name(solverstate.name + ".resume.json")
 
 
 @dataclass
@@ -132,6 +141,9 @@ class SolverLoop:
         self.on_start: list[Callable[[], None]] = []
         self.on_gradients_ready: list[Callable[[], None]] = []
         self._test_forward = [jax.jit(self._forward_fn(t.model)) for t in self.tests]
+        if p.snapshot_prefix:  # temp files an interrupted snapshot left behind
+            prefix = Path(p.snapshot_prefix)
+            remove_stale_temps(prefix.parent if str(prefix.parent) else Path("."), prefix.name)
 
     # -- requests from signal handlers ----------------------------------------------------
 
@@ -337,6 +349,7 @@ class SolverLoop:
         history = solvers.history_blobs(self.ts.opt_state, learnable_order(model))
         inner = solvers.solver_state(self.ts.opt_state)
         state_path = Path(snapshot_name(p.snapshot_prefix, self.iter, hdf5, "solverstate"))
+        atomic_write(resume_path(state_path), json.dumps(self._resume_record()))
         self.log.info(f"Snapshotting solver state to {kind} {state_path}")
         write_solverstate(
             state_path,
@@ -373,6 +386,40 @@ class SolverLoop:
             raise SolverError(f"{path}: {err}") from None
         self.ts = self.ts.replace(params=params, state=state, opt_state=opt_state,
                                   iteration=saved.iter)  # fmt: skip
+        self._resume_from(path, saved.iter)
+
+    def _resume_record(self) -> dict:
+        """What Caffe's solverstate leaves out and an exact resume needs: the run's seed (the
+        PRNG key of every step derives from it and the iteration) and where each data layer
+        of the train and test nets stands."""
+        return {
+            "caffe2jax_resume": 1,
+            "iter": self.iter,
+            "seed": self.seed,
+            "train": self.train.feeder.get_state(),
+            "tests": [net.feeder.get_state() for net in self.tests],
+            "test_keys": [np.asarray(jax.random.key_data(n.key)).tolist() for n in self.tests],
+        }
+
+    def _resume_from(self, solverstate: Path, iteration: int) -> None:
+        """Apply the sidecar beside ``solverstate`` when there is one for this iteration (a
+        snapshot from BVLC Caffe has none: its data layers start over, as in Caffe)."""
+        sidecar = resume_path(solverstate)
+        if not sidecar.exists():
+            self.log.info(f"{solverstate}: no {sidecar.name}; data layers start from the top")
+            return
+        try:
+            saved = json.loads(sidecar.read_text())
+            if saved.get("iter") != iteration:
+                raise ValueError(f"it is for iteration {saved.get('iter')}, not {iteration}")
+            self.seed = int(saved["seed"])
+            self.ts = self.ts.replace(key=jax.random.key(self.seed))
+            self.train.feeder.set_state(saved["train"])
+            for net, state, key in zip(self.tests, saved["tests"], saved["test_keys"]):
+                net.feeder.set_state(state)
+                net.key = jax.random.wrap_key_data(np.asarray(key, np.uint32))
+        except (ValueError, KeyError, TypeError) as err:
+            raise SolverError(f"{sidecar}: not a usable resume record ({err})") from None
 
     def copy_trained_layers(self, path: str | os.PathLike) -> None:
         """Caffe's CopyLayers into the train net (test nets share its layers)."""

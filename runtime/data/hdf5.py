@@ -61,6 +61,9 @@ def load_hdf5_tops(path: Path, names: Sequence[str]) -> list[np.ndarray]:
 class HDF5DataSource(DataSource):
     """Caffe's ``HDF5Data`` layer."""
 
+    STATE = ("file_order", "current_file", "rows", "current_row")
+    RNGS = ("rng",)
+
     def __init__(
         self,
         layer: caffe_pb2.LayerParameter,
@@ -87,7 +90,7 @@ class HDF5DataSource(DataSource):
         self.rng = make_rngs(seed, 1)[0]
         self.file_order = np.arange(len(self.files))
         if self.shuffle:
-            self.rng.shuffle(self.file_order)
+            self.file_order = self.rng.permutation(self.file_order)
         self.current_file = 0
         self.row_shapes: list[tuple[int, ...]] | None = None
         self._load()
@@ -102,7 +105,7 @@ class HDF5DataSource(DataSource):
             raise DataError(f"{path}: rows of shapes {shapes}, the first file's {self.row_shapes}")
         self.rows = np.arange(self.blobs[0].shape[0])
         if self.shuffle:
-            self.rng.shuffle(self.rows)
+            self.rows = self.rng.permutation(self.rows)
         self.current_row = 0
 
     def _end_of_file(self) -> None:
@@ -112,11 +115,17 @@ class HDF5DataSource(DataSource):
             if self.current_file == len(self.files):
                 self.current_file = 0
                 if self.shuffle:
-                    self.rng.shuffle(self.file_order)
+                    self.file_order = self.rng.permutation(self.file_order)
             self._load()
         self.current_row = 0
         if self.shuffle:
-            self.rng.shuffle(self.rows)
+            self.rows = self.rng.permutation(self.rows)
+
+    def _restored(self) -> None:
+        rows, current = self.rows, self.current_row
+        path = self.files[self.file_order[self.current_file]]
+        self.blobs = load_hdf5_tops(path, self.tops)
+        self.rows, self.current_row = rows, current
 
     def top_shapes(self) -> list[tuple[int, ...]]:
         return [(self.batch_size, *shape) for shape in self.row_shapes]

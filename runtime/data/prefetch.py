@@ -54,24 +54,29 @@ class Prefetcher(DataSource):
         self._to_device = to_device or device is not None
         self._device = device
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
         self._failure: _Failure | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"prefetch-{self.name}", daemon=True)
-        self._thread.start()
+        self._state = source.get_state()
+        self._start()
         # A daemon thread still inside a read or a device transfer when the interpreter
         # finalizes can abort the process: stop it first.
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"prefetch-{self.name}", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 batch: Any = self.source.next_batch()
+                state = self.source.get_state()
                 if self._to_device:
                     import jax
 
                     batch = jax.device_put(batch, self._device)
-                if not self._put(batch):
+                if not self._put((batch, state)):
                     return
         except BaseException as err:  # handed to the consumer, which re-raises it
             self._put(_Failure(err))
@@ -104,20 +109,41 @@ class Prefetcher(DataSource):
         if isinstance(item, _Failure):
             self._failure = item
             raise item.error
-        return item
+        batch, self._state = item
+        return batch
+
+    def get_state(self) -> dict:
+        """The source's state after the last batch handed out (not the thread's, which reads
+        ahead)."""
+        return self._state
+
+    def set_state(self, state: dict) -> None:
+        """Go on from ``state``: batches read ahead are dropped and the source is moved."""
+        self._halt()
+        self.source.set_state(state)
+        self._state = self.source.get_state()
+        self._start()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            self._drain()
+            self._thread.join(timeout=_POLL_S)
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
 
     def close(self) -> None:
         """Stop the thread (waiting for the batch it is reading) and close the source."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join()
+        self._halt()
         self.source.close()
 
 
