@@ -386,7 +386,7 @@ class Net:
                      for name, value in kwargs.items()}  # fmt: skip
             for name, value in self.forward(blobs, **chunk).items():
                 outs.setdefault(name, []).append(np.array(value))
-        return {name: np.concatenate(parts)[:total] for name, parts in outs.items()}
+        return _rows(outs, total)
 
     def backward(
         self,
@@ -463,8 +463,7 @@ class Net:
                          for k, v in top_diffs.items()}  # fmt: skip
             for name, value in self.backward(diffs, **rows_diff).items():
                 grads.setdefault(name, []).append(np.array(value))
-        cat = lambda parts: {k: np.concatenate(v)[:total] for k, v in parts.items()}  # noqa: E731
-        return cat(outs), cat(grads)
+        return _rows(outs, total), _rows(grads, total)
 
     # -- shapes, data, weights ----------------------------------------------------------------
 
@@ -553,6 +552,13 @@ class Net:
                 self.blobs[name]._set_data(lambda v=version: data(v))
         for name, _ in plan.writes:
             self.blobs[name]._set_diff(lambda n=name: diff(n))
+
+
+def _rows(parts: dict[str, list[np.ndarray]], total: int) -> dict[str, np.ndarray]:
+    """Per-batch results joined row-wise (padding dropped); a scalar output such as a loss
+    gives one value per batch (pycaffe cannot join those at all)."""
+    return {name: np.stack(v) if v[0].ndim == 0 else np.concatenate(v)[:total]
+            for name, v in parts.items()}  # fmt: skip
 
 
 def _padded(value: Any, batch: int) -> np.ndarray:

@@ -42,7 +42,11 @@ def _from_source(layer):
     return [None] * len(layer.tops)
 
 
-for _type in ("Data", "ImageData", "HDF5Data", "WindowData"):
+# The data layers whose tops the runtime's data pipeline reads from files (the one table of
+# them: the feeder and the pipeline's source factory dispatch on it too).
+PIPELINE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+
+for _type in PIPELINE_TYPES:
     register(_type, source=True)(_from_source)
 
 

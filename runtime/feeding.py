@@ -13,8 +13,7 @@ import numpy as np
 
 from caffe2jax import ir
 from caffe2jax.errors import DataError
-
-PIPELINE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+from caffe2jax.lowering.data import PIPELINE_TYPES
 
 
 class MemoryData:

@@ -32,6 +32,7 @@ import numpy as np
 
 from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.lowering.data import PIPELINE_TYPES
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.db import Cursor, open_db
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
@@ -41,7 +42,8 @@ from caffe2jax.runtime.data.transform import PHASES, DataTransformer
 
 log = logging.getLogger(__name__)
 
-SUPPORTED = ("Data", "ImageData", "HDF5Data")
+# Of the pipeline's data layer types (lowering.data.PIPELINE_TYPES), those with a source.
+SUPPORTED = tuple(t for t in PIPELINE_TYPES if t != "WindowData")
 
 
 class DataSource(ABC):
@@ -370,6 +372,7 @@ def make_source(
     from caffe2jax.runtime.data.hdf5 import HDF5DataSource
 
     kinds = {"Data": DataLayerSource, "ImageData": ImageDataSource, "HDF5Data": HDF5DataSource}
+    assert set(kinds) == set(SUPPORTED)
     if layer.type in kinds:
         return kinds[layer.type](layer, phase, base_dir=base_dir, seed=seed)
     if layer.type == "HDF5Output":

@@ -14,7 +14,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.runtime.solver_loop import SolverLoop
-from tests.api.test_solver import load_npz, make_solver
+from tests.api.test_solver import close, load_npz, make_solver
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -242,3 +242,38 @@ def test_apply_update_uses_the_scripts_diffs(tmp_path):
                                rtol=1e-5, atol=1e-8)  # fmt: skip
     np.testing.assert_allclose(before, load_npz(tmp_path / "sgd_fixed" / "trace.npz")[0][
         "init__ip1__0"], rtol=1e-6)  # fmt: skip
+
+
+def test_forward_backward_all_hdf5_round_trip_and_layer_reshape(tmp_path):
+    net = caffe2jax.Net(FAN_OUT, caffe2jax.TRAIN, seed=11)
+    x = np.random.default_rng(3).normal(size=(6, 3)).astype(np.float32)
+    y = np.array([0, 1, 1, 0, 1, 0], np.float32)
+    outs, diffs = net.forward_backward_all(blobs=["sum"], data=x, label=y)
+    assert outs["sum"].shape == (6, 2) and diffs["data"].shape == (6, 3)
+    net.forward(data=x[:4], label=y[:4])
+    net.backward()
+    np.testing.assert_allclose(diffs["data"][:4], net.blobs["data"].diff, rtol=1e-5, atol=1e-7)
+    path = tmp_path / "w.caffemodel.h5"
+    net.save_hdf5(str(path))
+    other = caffe2jax.Net(FAN_OUT, caffe2jax.TRAIN, seed=12)
+    other.load_hdf5(str(path))
+    np.testing.assert_array_equal(other.params["a"][0].data, net.params["a"][0].data)
+    other.blobs["data"].reshape(2, 3)
+    other.blobs["label"].reshape(2)
+    other.layer_dict["ip"].reshape()
+    assert other.blobs["sum"].shape == (2, 2)
+
+
+def test_callbacks_and_solve_with_resume_file(tmp_path):
+    solver, trace, _ = make_solver("sgd_fixed", tmp_path)
+    seen = []
+    solver.add_callback(lambda: seen.append(("start", solver.iter)),
+                        lambda: seen.append(("ready", solver.iter)))  # fmt: skip
+    solver.step(2)
+    assert seen == [("start", 0), ("ready", 1), ("start", 1), ("ready", 2)]
+    state = solver.snapshot()[1].resolve()
+    again, _, _ = make_solver("sgd_fixed", tmp_path / "again")
+    again.param.max_iter = 4
+    again.solve(str(state))
+    assert again.iter == 4
+    assert close(again.net.params["ip1"][0].data, trace["param__ip1__0"][3])
