@@ -26,7 +26,6 @@ from caffe2jax.pycaffe import Net
 from caffe2jax.runtime import solvers
 from caffe2jax.runtime.solver_loop import SolverLoop
 from caffe2jax.runtime.solver_rules import SOLVER_RULES
-from caffe2jax.runtime.training import merge
 
 
 class Solver:
@@ -191,7 +190,9 @@ class Solver:
         loop = self._loop
         self._pull()
         grads = self.net._param_diffs()
-        loop.ts = loop.trainer.apply(loop.ts, merge(grads, {}))
+        grads = {name: [g if v is not None else None for g, v in zip(grads[name], blobs)]
+                 for name, blobs in loop.ts.params.items()}  # fmt: skip
+        loop.ts = loop.trainer.apply(loop.ts, grads)
         self._push()
 
     # -- snapshots ----------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class Trainer:
         # Only the optimizer state is donated: params and state may still be referenced by
         # pycaffe Blobs (solver.net.params, test nets) after the step.
         self._step = jax.jit(self._make_step(), donate_argnums=(2,))
-        self._update = jax.jit(self._make_update())
+        self._update = jax.jit(self.update)
 
     def init(self, params: Params, state: Params) -> Any:
         return self.own_buffers(self.tx.init(merge(params, state)))
@@ -102,7 +102,7 @@ class Trainer:
         return jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
 
     def _make_step(self) -> Callable:
-        model, tx, iter_size = self.model, self.tx, self.iter_size
+        model, iter_size = self.model, self.iter_size
         outputs = model.net.outputs
         names = model.net.blob_names
 
@@ -151,10 +151,7 @@ class Trainer:
                 )
                 grads = jax.tree.map(jnp.add, grads, g)
                 losses = jnp.append(head, loss)
-            merged = merge(params, state)
-            merged_grads = merge(grads, jax.tree.map(jnp.zeros_like, state))
-            updates, opt_state = tx.update(merged_grads, opt_state, merged)
-            params = split(optax.apply_updates(merged, updates), params)
+            params, opt_state, updates = self.update(params, state, opt_state, grads)
             # Caffe's param diffs after ApplyUpdate hold the update value (data -= diff)
             diffs = jax.tree.map(jnp.negative, updates)
             extra = (diffs, last_in) if iter_size > 1 else (diffs,)
@@ -162,25 +159,19 @@ class Trainer:
 
         return step
 
-    def _make_update(self) -> Callable:
-        tx = self.tx
+    def update(self, params: Params, state: Params, opt_state: Any, grads: Params) -> tuple:
+        """Caffe's ApplyUpdate on the params' raw gradients (state blobs take a zero gradient
+        and keep their history, as in Caffe), pure: ``(params, opt_state, updates)``. The
+        step, pycaffe's ``apply_update`` and the RL trainer all update through it."""
+        merged = merge(params, state)
+        merged_grads = merge(grads, jax.tree.map(jnp.zeros_like, state))
+        updates, opt_state = self.tx.update(merged_grads, opt_state, merged)
+        return split(optax.apply_updates(merged, updates), params), opt_state, updates
 
-        def update(params, state, opt_state, merged_grads):
-            merged = merge(params, state)
-            updates, opt_state = tx.update(merged_grads, opt_state, merged)
-            return split(optax.apply_updates(merged, updates), params), opt_state
-
-        return update
-
-    def apply(self, ts: Any, merged_grads: Params) -> Any:
+    def apply(self, ts: Any, grads: Params) -> Any:
         """Caffe's ApplyUpdate alone, on given param diffs (pycaffe's ``apply_update``):
         the train state after the update, its iteration one more."""
-        zeros = merge(jax.tree.map(jnp.zeros_like, ts.params), ts.state)
-        grads = {
-            name: [g if g is not None else z for g, z in zip(merged_grads.get(name, blobs), blobs)]
-            for name, blobs in zeros.items()
-        }
-        params, opt_state = self._update(ts.params, ts.state, ts.opt_state, grads)
+        params, opt_state, _ = self._update(ts.params, ts.state, ts.opt_state, grads)
         return ts.replace(params=params, opt_state=opt_state, iteration=ts.iteration + 1)
 
     def step(self, params, state, opt_state, passes, key, iteration):

@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from caffe2jax import ir
 from caffe2jax.api import Model
@@ -47,8 +46,8 @@ from caffe2jax.runtime.rl.rollout import (
     rollout_start,
 )
 from caffe2jax.runtime.solver_setup import read_solver_param, resolve
-from caffe2jax.runtime.solvers import caffe_solver, solver_iter
-from caffe2jax.runtime.training import merge, multipliers, split
+from caffe2jax.runtime.solvers import solver_iter
+from caffe2jax.runtime.training import Trainer, merge
 
 SOLVED_WINDOW = 100
 
@@ -118,11 +117,11 @@ class PolicyGradientTrainer:
         self.host = host_loop.open_env(self.config) if self.config.is_gym else None
         self._check_env()
         params, state = jax.eval_shape(self.model.init, jax.random.key(0))
-        lr_mult, decay_mult = multipliers(self.model, merge(params, state))
-        try:
-            self.tx = caffe_solver(self.solver_param, lr_mult, decay_mult)
+        try:  # the solver's update is the runtime's (Caffe's ApplyUpdate as optax)
+            self.solver = Trainer(self.model, self.solver_param, params, state)
         except ValueError as err:
             raise RLError(f"solver: {err}") from None
+        self.tx = self.solver.tx
         self.traces = 0
         self._batch = jax.jit(self._batch_fn)
         self._learn = jax.jit(self._learn_fn)
@@ -197,10 +196,8 @@ class PolicyGradientTrainer:
             return self.policy.forward(p, state, x)[1]
 
         grads = rule.batch_grads(bottom_of, params, traj, advantage, spec.kind == SIGMOID)
-        merged = merge(params, state)
-        zeros = jax.tree.map(jnp.zeros_like, state)
-        updates, opt_state = self.tx.update(merge(grads, zeros), opt_state, merged)
-        return split(optax.apply_updates(merged, updates), params), opt_state
+        params, opt_state, _ = self.solver.update(params, state, opt_state, grads)
+        return params, opt_state
 
     def _batch_fn(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
         """``batch_size`` episodes in the JAX env, the rule and one update (jitted)."""
