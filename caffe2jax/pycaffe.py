@@ -197,7 +197,9 @@ class Net:
 
     def _set_params(self, params, state) -> None:
         """New values for the param Blobs (arrays users hold see them); values a layer
-        carries between forwards (not Caffe blobs) are kept aside."""
+        carries between forwards (not Caffe blobs) are kept aside. ``_params_version`` counts
+        these changes (a solver notices a forward that moved BatchNorm's statistics)."""
+        self._params_version = getattr(self, "_params_version", 0) + 1
         for tree in (params, state):
             for name, values in tree.items():
                 if is_carry(name):

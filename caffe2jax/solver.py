@@ -42,6 +42,7 @@ class Solver:
             test = Net._over(compiled, params, state)
             test.share_with(self.net)
             self.test_nets.append(test)
+        self._pushed = self.net._params_version
 
     # -- pycaffe surface ----------------------------------------------------------------------
 
@@ -122,16 +123,20 @@ class Solver:
     def _pull(self) -> None:
         """Param values a script changed through the views become the train state's."""
         loop, net = self._loop, self.net
-        if not any(blob._data.dirty() for blob in net._param_blobs.values()):
+        if net._params_version == self._pushed and not any(
+            blob._data.dirty() for blob in net._param_blobs.values()
+        ):
             return
         params, state = net._trees()
         loop.ts = loop.ts.replace(params=params, state={**loop.ts.state, **state})
+        self._pushed = net._params_version
 
     def _push(self, tests: bool = True) -> None:
         """The train state's values into the views (arrays scripts hold see them); test nets
         share the train net's blobs, so their own blobs change only when ``tests``."""
         loop = self._loop
         self.net._set_params(loop.ts.params, loop.ts.state)
+        self._pushed = self.net._params_version
         for i, test in enumerate(self.test_nets if tests else []):
             params, state = loop.test_params(i)
             shared = set(loop.shares[i])

@@ -277,3 +277,32 @@ def test_callbacks_and_solve_with_resume_file(tmp_path):
     again.solve(str(state))
     assert again.iter == 4
     assert close(again.net.params["ip1"][0].data, trace["param__ip1__0"][3])
+
+
+BN_SOLVER = """
+base_lr: 0.1 lr_policy: "fixed" max_iter: 10 random_seed: 5
+net_param {
+  layer { name: "in" type: "Input" top: "x" top: "y"
+          input_param { shape { dim: 8 dim: 3 } shape { dim: 8 dim: 2 } } }
+  layer { name: "bn" type: "BatchNorm" bottom: "x" top: "h" }
+  layer { name: "ip" type: "InnerProduct" bottom: "h" top: "p"
+          inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.3 } } }
+  layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+}
+"""
+
+
+def test_a_scripts_own_forward_moves_the_state_the_solver_trains_from():
+    solver = caffe2jax.get_solver(BN_SOLVER)
+    rng = np.random.default_rng(0)
+    solver.net.blobs["x"].data[...] = rng.normal(size=(8, 3)) + 2
+    solver.net.blobs["y"].data[...] = rng.normal(size=(8, 2))
+    solver.step(1)
+    before = solver.net.params["bn"][2].data.copy()  # the moving-average scale factor
+    solver.net.forward()  # TRAIN-phase forward: Caffe's BatchNorm updates its statistics
+    moved = solver.net.params["bn"][2].data.copy()
+    assert moved[0] > before[0]
+    solver.step(1)  # the step starts from the statistics the script's forward left
+    assert solver.net.params["bn"][2].data[0] > moved[0]
+    # the input blobs the script wrote fed every step
+    np.testing.assert_allclose(solver.net.blobs["x"].data.mean(), 2, atol=0.5)
