@@ -311,7 +311,8 @@ class Net:
 
                 self._jitted[key] = jax.jit(step)
             elif kind == "replay":
-                self._jitted[key] = jax.jit(passes.forward_fn(graph, lo, hi))
+                kept = tuple(v for v, _ in passes.host_tops(graph))
+                self._jitted[key] = jax.jit(passes.forward_fn(graph, lo, hi, kept))
             else:
                 plan = passes.plan(graph, lo, hi)
                 self._jitted[key] = (plan, jax.jit(passes.backward_fn(graph, plan)))
@@ -529,8 +530,10 @@ class Net:
         cache: dict[str, Any] = {}
 
         def env() -> dict[str, Any]:
-            return {self._input_version[n]: jnp.asarray(v, dtype)
-                    for n, v in record.inputs.items() if n in self._input_version}  # fmt: skip
+            given = {self._input_version[n]: jnp.asarray(v, dtype)
+                     for n, v in record.inputs.items() if n in self._input_version}  # fmt: skip
+            given.update({v: outputs[v] for v, _ in passes.host_tops(self._model.graph)})
+            return given
 
         def data(version: str) -> Any:
             if "out" not in cache:

@@ -15,7 +15,7 @@ diffs Caffe's Backward leaves in the params.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -270,6 +270,7 @@ class Graph:
         start: int = 0,
         stop: int | None = None,
         taps: Mapping[str, jax.Array] | None = None,
+        keep: Collection[str] = (),
     ) -> tuple[dict[str, jax.Array], Params]:
         """Run Caffe's layers ``start``..``stop - 1`` (Net::ForwardFromTo over
         :attr:`caffe_layers`, Split layers included) on the blobs in ``env`` (SSA ids).
@@ -277,7 +278,9 @@ class Graph:
         ``taps`` adds an array to chosen blobs as they are produced: zeros there change nothing
         but make ``jax.grad`` with respect to the taps return each blob's diff, as pycaffe's
         ``net.blobs[name].diff`` shows after a backward pass (a split top's tap gives the diff
-        its one reader sends back, as Caffe's split blobs hold).
+        its one reader sends back, as Caffe's split blobs hold). A layer whose tops are all in
+        ``keep`` is not run: its tops are read from ``env``, as Caffe's backward reads stored
+        blobs (a Python data layer must not read its files again in a replay).
         """
         env = dict(env)
         taps = taps or {}
@@ -294,7 +297,7 @@ class Graph:
                 continue
             layer = self._layer[caffe.key]
             lowering = self.lowerings[layer.name]
-            if lowering.source:
+            if lowering.source or (keep and all(t in keep for t in layer.tops)):
                 continue
             backward = self.net.backward[layer.name]
             bottoms = [

@@ -35,6 +35,7 @@ class Range:
     external: tuple[tuple[str, str], ...]  # (version id, Caffe blob name) read from memory
     seeds: tuple[tuple[str, str], ...]  # (version id, Caffe blob name) whose stored diff flows
     writes: tuple[tuple[str, str], ...]  # (Caffe blob name, version id) whose diff is written
+    kept: tuple[str, ...] = ()  # tops of layers not rerun (read from memory)
 
 
 def plan(graph: Graph, lo: int, hi: int) -> Range:
@@ -54,13 +55,14 @@ def plan(graph: Graph, lo: int, hi: int) -> Range:
     for k, caffe in enumerate(layers):  # a split passes back what its readers need
         if caffe.is_split:
             needs[(k, 0)] = any(_reader_needs(layers, needs, t) for t in caffe.tops)
-    produced, external, seeds, writes = set(), {}, {}, {}
+    produced, external, seeds, writes, kept = set(), {}, {}, {}, []
     for k in range(lo, hi + 1):
         caffe = layers[k]
         if not caffe.is_split and _from_memory(graph, caffe.key):
             for t, name in zip(caffe.tops, caffe.top_names):  # data comes from memory
                 external.setdefault(t, name)
                 produced.add(t)
+                kept.append(t)
             continue
         for b, name in zip(caffe.bottoms, caffe.bottom_names):
             if b not in produced:
@@ -74,7 +76,17 @@ def plan(graph: Graph, lo: int, hi: int) -> Range:
         for i, (b, name) in enumerate(zip(caffe.bottoms, caffe.bottom_names)):
             if needs.get((k, i), False):
                 writes[name] = b
-    return Range(lo, hi, tuple(external.items()), tuple(seeds.items()), tuple(writes.items()))
+    return Range(lo, hi, tuple(external.items()), tuple(seeds.items()), tuple(writes.items()),
+                 tuple(kept))  # fmt: skip
+
+
+def host_tops(graph: Graph) -> list[tuple[str, str]]:
+    """(version, user name) of the tops of layers that compute with neither bottoms nor
+    params but are not graph inputs (a Python data layer): a replay must take them from the
+    step, not run them again."""
+    return [(t, u) for layer in graph.net.layers
+            if not graph.lowerings[layer.name].source and _from_memory(graph, layer.name)
+            for t, u in zip(layer.tops, layer.top_names)]  # fmt: skip
 
 
 def _from_memory(graph: Graph, key: str) -> bool:
@@ -108,11 +120,12 @@ def param_mask(graph: Graph, lo: int, hi: int) -> Params:
     return mask
 
 
-def forward_fn(graph: Graph, lo: int, hi: int):
-    """``(params, state, env, rng) -> (env, state)``: Caffe's ForwardFromTo(lo, hi)."""
+def forward_fn(graph: Graph, lo: int, hi: int, keep: tuple[str, ...] = ()):
+    """``(params, state, env, rng) -> (env, state)``: Caffe's ForwardFromTo(lo, hi); layers
+    whose tops are all in ``keep`` take them from ``env``."""
 
     def run(params, state, env, rng):
-        return graph.run(params, state, env, rng, start=lo, stop=hi + 1)
+        return graph.run(params, state, env, rng, start=lo, stop=hi + 1, keep=keep)
 
     return run
 
@@ -132,7 +145,8 @@ def backward_fn(graph: Graph, rng_range: Range):
 
         def objective(params, taps):
             full = {**env}
-            out, _ = graph.run(params, state, full, rng, start=r.lo, stop=r.hi + 1, taps=taps)
+            out, _ = graph.run(params, state, full, rng, start=r.lo, stop=r.hi + 1, taps=taps,
+                               keep=r.kept)  # fmt: skip
             total = jnp.zeros((), graph.dtype)
             for version, name in r.seeds:
                 total = total + jnp.vdot(top_diffs[name].astype(out[version].dtype), out[version])

@@ -21,6 +21,7 @@ from jax import lax
 from caffe2jax.api import Model
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.registry import is_carry
+from caffe2jax.runtime.passes import host_tops
 from caffe2jax.runtime.solvers import caffe_solver
 
 UNROLL_ITER_SIZE = 4
@@ -103,14 +104,17 @@ class Trainer:
 
     def _make_step(self) -> Callable:
         model, iter_size = self.model, self.iter_size
-        outputs = model.net.outputs
         names = model.net.blob_names
+        # the net's outputs, and the tops of layers a replay must not run again (Python data
+        # layers): pycaffe's views after a step show them as the step computed them
+        outputs = [(o, names[o]) for o in model.net.outputs]
+        outputs += [(v, v) for v, _ in host_tops(model.graph)]
 
         def grads_of(params, state, inputs, rng):
             (loss, (blobs, state)), grads = jax.value_and_grad(model.loss, has_aux=True)(
                 params, state, inputs, rng
             )
-            return grads, state, loss, {o: blobs[names[o]] for o in outputs}
+            return grads, state, loss, {key: blobs[ssa] for key, ssa in outputs}
 
         def step(params, state, opt_state, passes, key, iteration):
             """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.

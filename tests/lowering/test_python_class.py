@@ -371,7 +371,14 @@ def test_python_data_layer_feeds_solver_training(user_module, tmp_path):
     solver = caffe.get_solver(f"""net_param {{ {net} }} base_lr: 0.1 momentum: 0.9
       lr_policy: "fixed" max_iter: 1000 display: 0 random_seed: 1""")
     reads = importlib.import_module(module).reads
-    solver.step(200)
+    solver.step(1)
+    # the notebook pattern: look at the batch and the diffs after a step; the views show
+    # what the step read and computed, without reading the files again
+    records = [np.load(folder / name) for name in reads[:8]]
+    np.testing.assert_allclose(solver.net.blobs["x"].data, [r[:4] for r in records])
+    assert solver.net.blobs["p"].diff.shape == (8, 1) and np.abs(solver.net.blobs["p"].diff).max()
+    assert len(reads) == 8
+    solver.step(199)
     assert len(reads) == 200 * 8  # one forward per iteration, 8 records each
     assert reads[:24] == [f"r{k:02d}.npy" for k in range(24)]  # in the layer's own order
     np.testing.assert_allclose(solver.net.params["ip"][0].data.ravel(), w_true, atol=1e-2)
