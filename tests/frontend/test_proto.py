@@ -394,10 +394,17 @@ def test_rl_param_field_numbers():
         "difference_input",
         "stale_observation",
         "seed",
+        "horizon",
+        "rollout_chunk",
+        "allow_discount_reset",
+        "eps_steps",
+        "eps_start",
+        "eps_end",
+        "episode_elite_percent",
     ]
     fields = caffe_pb2.RLParameter.DESCRIPTOR.fields
     assert [f.name for f in sorted(fields, key=lambda f: f.number)] == names
-    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == list(range(1, 13))
+    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == list(range(1, 20))
     assert _field("MemoryLossParameter", "normalize_by_length").number == 1
 
 
