@@ -2,101 +2,76 @@
 
 Three ways in: the ``caffe2jax`` CLI (shaped like Caffe's ``caffe`` tool), the functional API
 (:func:`compile` → :class:`Model` with ``init``/``apply``/``loss``), and pycaffe's API
-(:class:`Net`, :func:`get_solver`) so pycaffe scripts port by changing the import.
+(:class:`Net`, :func:`get_solver`, ``caffe.io``, ``caffe.NetSpec``…) so pycaffe scripts port by
+changing the import.
+
+Names are imported on first use (PEP 562), so ``import caffe2jax.frontend`` — the parser and
+the Net IR — loads neither JAX nor the runtime.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from caffe2jax import io  # noqa: E402
-from caffe2jax.api import Model, compile  # noqa: E402,A004
-from caffe2jax.blob import Blob  # noqa: E402
-from caffe2jax.errors import CaffeError  # noqa: E402
-from caffe2jax.lowering.python_layer import register_python_layer  # noqa: E402
-from caffe2jax.mode import (  # noqa: E402
-    set_device,
-    set_mode_cpu,
-    set_mode_gpu,
-    set_random_seed,
-)
-from caffe2jax.pycaffe import TEST, TRAIN, Net  # noqa: E402
-from caffe2jax.runtime.weights import load_weights, save_weights  # noqa: E402
-from caffe2jax.solver import (  # noqa: E402
-    AdaDeltaSolver,
-    AdaGradSolver,
-    AdamSolver,
-    NesterovSolver,
-    RMSPropSolver,
-    SGDSolver,
-    Solver,
-    get_solver,
-)
+TRAIN = 0  # Caffe's Phase enum, as pycaffe exposes it
+TEST = 1
 
-__all__ = [
-    "TEST",
-    "TRAIN",
-    "AdaDeltaSolver",
-    "AdaGradSolver",
-    "AdamSolver",
-    "Blob",
-    "CaffeError",
-    "Model",
-    "NesterovSolver",
-    "Net",
-    "RMSPropSolver",
-    "SGDSolver",
-    "Solver",
-    "__version__",
-    "compile",
-    "get_solver",
-    "io",
-    "load_weights",
-    "register_python_layer",
-    "save_weights",
-    "set_device",
-    "set_mode_cpu",
-    "set_mode_gpu",
-    "set_random_seed",
-]
+# public name -> (module, attribute); attribute None: the module itself
+_NAMES: dict[str, tuple[str, str | None]] = {
+    "Model": ("caffe2jax.api", "Model"),
+    "compile": ("caffe2jax.api", "compile"),
+    "Blob": ("caffe2jax.blob", "Blob"),
+    "CaffeError": ("caffe2jax.errors", "CaffeError"),
+    "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
+    "set_device": ("caffe2jax.mode", "set_device"),
+    "set_mode_cpu": ("caffe2jax.mode", "set_mode_cpu"),
+    "set_mode_gpu": ("caffe2jax.mode", "set_mode_gpu"),
+    "set_random_seed": ("caffe2jax.mode", "set_random_seed"),
+    "Net": ("caffe2jax.pycaffe", "Net"),
+    "load_weights": ("caffe2jax.runtime.weights", "load_weights"),
+    "save_weights": ("caffe2jax.runtime.weights", "save_weights"),
+    **{
+        name: ("caffe2jax.solver", name)
+        for name in (
+            "AdaDeltaSolver AdaGradSolver AdamSolver NesterovSolver RMSPropSolver SGDSolver "
+            "Solver get_solver"
+        ).split()
+    },
+    # pycaffe's other names: caffe.proto, net_spec, Layer, Classifier, Detector …
+    **{m: (f"caffe2jax.{m}", None) for m in ("coord_map", "draw", "io", "net_spec", "proto")},
+    "Classifier": ("caffe2jax.classifier", "Classifier"),
+    "Detector": ("caffe2jax.detector", "Detector"),
+    "Layer": ("caffe2jax.lowering.python_class", "Layer"),
+    "NetSpec": ("caffe2jax.net_spec", "NetSpec"),
+    "layers": ("caffe2jax.net_spec", "layers"),
+    "params": ("caffe2jax.net_spec", "params"),
+    "to_proto": ("caffe2jax.net_spec", "to_proto"),
+    **{
+        name: ("caffe2jax.process", name)
+        for name in (
+            "Timer has_nccl init_log layer_type_list log set_multiprocess set_solver_count "
+            "set_solver_rank solver_count solver_rank"
+        ).split()
+    },
+}
 
-# --- pycaffe's other names (issue 11): caffe.proto, net_spec, Layer, Classifier, Detector … ---
-from caffe2jax import coord_map, net_spec, proto  # noqa: E402
-from caffe2jax.classifier import Classifier  # noqa: E402
-from caffe2jax.detector import Detector  # noqa: E402
-from caffe2jax.lowering.python_class import Layer  # noqa: E402
-from caffe2jax.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
-from caffe2jax.process import (  # noqa: E402
-    Timer,
-    has_nccl,
-    init_log,
-    layer_type_list,
-    log,
-    set_multiprocess,
-    set_solver_count,
-    set_solver_rank,
-    solver_count,
-    solver_rank,
-)
+__all__ = sorted(["TEST", "TRAIN", "__version__", *_NAMES])
 
-__all__ += [
-    "Classifier",
-    "Detector",
-    "Layer",
-    "NetSpec",
-    "Timer",
-    "coord_map",
-    "has_nccl",
-    "init_log",
-    "layer_type_list",
-    "layers",
-    "log",
-    "net_spec",
-    "params",
-    "proto",
-    "set_multiprocess",
-    "set_solver_count",
-    "set_solver_rank",
-    "solver_count",
-    "solver_rank",
-    "to_proto",
-]
-# --- end of issue 11's names ---
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _NAMES[name]
+    except KeyError:
+        raise AttributeError(f"module 'caffe2jax' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
