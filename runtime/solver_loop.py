@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from caffe2jax.errors import SolverError
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.registry import is_carry
-from caffe2jax.runtime import solvers
+from caffe2jax.runtime import data_parallel, solvers
+from caffe2jax.runtime.devices import is_primary, make_mesh
 from caffe2jax.runtime.feeding import Feeder, Sinks
 from caffe2jax.runtime.solver_setup import SOLVER_RULES, net_sources, net_state, read_solver_param
 from caffe2jax.runtime.solverstate import (
@@ -84,7 +85,11 @@ def shared_layers(train: Model, test: Model) -> list[tuple[str, int]]:
 class SolverLoop:
     """A Caffe solver over a train net and its test nets, driving a :class:`TrainState`."""
 
-    def __init__(self, source: Any, *, logger: logging.Logger | None = None):
+    def __init__(self, source: Any, *, logger: logging.Logger | None = None,
+                 devices: str | int | Sequence[int] | None = None):  # fmt: skip
+        """``devices`` (Caffe's ``-gpu``: ``"all"``, ``"0,1"``, ids) trains data-parallel on
+        a mesh of them, each running the net's batch_size; ``None``: the default device."""
+        self.mesh = make_mesh(devices) if devices is not None else None
         self.param, self.folder = read_solver_param(source)
         self.log = logger or log
         if self.param.type not in SOLVER_RULES:
@@ -111,9 +116,11 @@ class SolverLoop:
                     f"HDF5Output layer '{layer.name}' in the train net is not written during "
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
+        if self.mesh is not None:
+            self._check_mesh()
         params, state = self.train.model.init(jax.random.key(self.seed))
         try:
-            self.trainer = Trainer(self.train.model, p, params, state)
+            self.trainer = Trainer(self.train.model, p, params, state, self.mesh)
         except ValueError as err:
             raise SolverError(str(err)) from None
         self.ts = TrainState(params, state, self.trainer.init(params, state),
@@ -130,7 +137,33 @@ class SolverLoop:
         self.on_iteration: Callable[[int], None] | None = None
         self.on_start: list[Callable[[], None]] = []
         self.on_gradients_ready: list[Callable[[], None]] = []
-        self._test_forward = [jax.jit(self._forward_fn(t.model)) for t in self.tests]
+        self._test_forward = [
+            jax.jit(self._forward_fn(t.model)) if self.mesh is None
+            else data_parallel.test_forward(t.model, self.mesh)
+            for t in self.tests
+        ]  # fmt: skip
+
+    def _check_mesh(self) -> None:
+        """What data-parallel training supports: nets fed by data layers, no values carried
+        between iterations; on processes other than 0, no snapshots (Caffe's root solver
+        alone snapshots)."""
+        for net in [self.train, *self.tests]:
+            unfed = set(net.model.inputs) - set(net.feeder.input_shapes())
+            if unfed:
+                raise SolverError(
+                    f"net '{net.model.net.name}': Input blobs ({', '.join(sorted(unfed))}) "
+                    "cannot be split over devices; multi-device training needs data layers "
+                    "(Data, ImageData, HDF5Data, MemoryData, WindowData)"
+                )
+            carried = [k for k in net.model.init(jax.random.key(0))[1] if is_carry(k)]
+            if carried:
+                raise SolverError(
+                    f"net '{net.model.net.name}': recurrent values carried between "
+                    f"iterations ({', '.join(carried)}) train on one device only"
+                )
+        if not is_primary():
+            self.param.snapshot = 0
+            self.param.snapshot_after_train = False
 
     # -- requests from signal handlers ----------------------------------------------------
 
@@ -161,8 +194,15 @@ class SolverLoop:
         ``fill`` supplies Input blobs (pycaffe: what the script put in ``net.blobs``)."""
         out = []
         for _ in range(self.trainer.iter_size):
-            fed = self.train.feeder.next_batches()
-            out.append(fill(fed) if fill is not None else fed)
+            if self.mesh is None:
+                fed = self.train.feeder.next_batches()
+                out.append(fill(fed) if fill is not None else fed)
+                continue
+            # Caffe's solvers each read their own batch_size: one batch per device
+            fed = data_parallel.read_round(self.train.feeder.next_batches, self.mesh.size,
+                                           self.mesh)  # fmt: skip
+            fed = [fill(f) if fill is not None else f for f in fed]
+            out.append(data_parallel.assemble(fed, self.mesh))
         return out
 
     def _flush_losses(self) -> None:
@@ -241,6 +281,15 @@ class SolverLoop:
         """Solve's extra forward after the last update (its loss is displayed)."""
         model = self.train.model
         self.train.key, rng = jax.random.split(self.train.key)
+        if self.mesh is not None:
+            # the root solver's forward on its own batch (device 0)
+            forward = data_parallel.test_forward(model, self.mesh)
+            params, state = self.trainer.place(self.ts.params, self.ts.state)
+            keys = data_parallel.shard_keys([rng] * self.mesh.size, self.mesh)
+            _, (_, objective), state = forward(params, state,
+                                               self._passes(None)[0], keys)  # fmt: skip
+            self.ts = self.ts.replace(state=state)
+            return float(np.asarray(objective)[0])
         blobs, state = model.apply(self.ts.params, self.ts.state, self._passes(None)[0], rng)
         self.ts = self.ts.replace(state=state)
         return float(model.graph.objective(blobs))
@@ -278,6 +327,8 @@ class SolverLoop:
         graph = net.model.graph
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
+        if self.mesh is not None:
+            return self._test_on_mesh(index, params, state)
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None
@@ -293,6 +344,41 @@ class SolverLoop:
         self.test_states[index] = {**self.test_states[index],
                                    **{k: v for k, v in state.items() if is_carry(k)}}  # fmt: skip
         self.last_test_env[index] = blobs
+        self.tests_run += 1
+        if self.param.test_compute_loss:
+            self.log.info(f"Test loss: {loss / iters:.6g}")
+        return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
+
+    def _test_on_mesh(self, index: int, params: dict, state: dict) -> dict[str, float]:
+        """Solver::Test on the mesh: the same test_iter batches, in the same order, with the
+        same keys as on one device, one per device at a time; the last round is padded with
+        repeats that count for nothing. Scores equal the one-device test."""
+        net, n = self.tests[index], self.mesh.size
+        iters = self.param.test_iter[index]
+        params, state = self.trainer.place(params, state)
+        sums: dict[str, Any] = {}
+        loss, done, blobs, count = 0.0, 0, None, 0
+        while done < iters:
+            count = min(n, iters - done)
+            fed = data_parallel.read_round(net.feeder.next_batches, count, self.mesh)
+            keys = []
+            for _ in range(count):
+                net.key, rng = jax.random.split(net.key)
+                keys.append(rng)
+            keys += keys[-1:] * (n - count)
+            blobs, (outputs, objective), _ = self._test_forward[index](
+                params, state, data_parallel.assemble(fed, self.mesh),
+                data_parallel.shard_keys(keys, self.mesh))  # fmt: skip
+            if net.sinks.layers:
+                for slot in range(count):
+                    net.sinks.write(data_parallel.Slot(blobs, slot))
+            if self.param.test_compute_loss:
+                loss += float(np.sum(np.asarray(objective, np.float64)[:count]))
+            for name in net.model.outputs:
+                value = np.asarray(outputs[name], np.float64)[:count]
+                sums[name] = sums.get(name, 0) + np.sum(value, axis=0)
+            done += count
+        self.last_test_env[index] = data_parallel.Slot(blobs, count - 1)
         self.tests_run += 1
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")
