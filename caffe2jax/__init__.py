@@ -18,6 +18,15 @@ from caffe2jax.mode import (  # noqa: E402
     set_mode_gpu,
     set_random_seed,
 )
+from caffe2jax.multigpu import (  # noqa: E402
+    NCCL,
+    has_nccl,
+    set_multiprocess,
+    set_solver_count,
+    set_solver_rank,
+    solver_count,
+    solver_rank,
+)
 from caffe2jax.pycaffe import TEST, TRAIN, Net  # noqa: E402
 from caffe2jax.runtime.weights import load_weights, save_weights  # noqa: E402
 from caffe2jax.solver import (  # noqa: E402
@@ -39,6 +48,7 @@ __all__ = [
     "AdamSolver",
     "Blob",
     "CaffeError",
+    "NCCL",
     "Model",
     "NesterovSolver",
     "Net",
@@ -48,12 +58,18 @@ __all__ = [
     "__version__",
     "compile",
     "get_solver",
+    "has_nccl",
     "io",
     "load_weights",
     "register_python_layer",
     "save_weights",
     "set_device",
+    "set_multiprocess",
+    "set_solver_count",
+    "set_solver_rank",
     "set_mode_cpu",
     "set_mode_gpu",
     "set_random_seed",
+    "solver_count",
+    "solver_rank",
 ]

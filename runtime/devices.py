@@ -25,6 +25,7 @@ from caffe2jax.errors import CaffeError
 
 DATA = "data"
 DEFAULT_TIMEOUT_S = 60
+_last_mesh: Mesh | None = None
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
@@ -75,10 +76,18 @@ def select(spec: str | int | Sequence[int] | None) -> list[jax.Device]:
 def make_mesh(spec: str | int | Sequence[int] | None) -> Mesh | None:
     """A one-axis mesh over the selected devices; ``None`` when that is a single device
     (training then runs exactly as without a mesh)."""
+    global _last_mesh
     devices = select(spec)
     if len(devices) == 1 and jax.process_count() == 1:
+        _last_mesh = None
         return None
-    return Mesh(np.array(devices), (DATA,))
+    _last_mesh = Mesh(np.array(devices), (DATA,))
+    return _last_mesh
+
+
+def last_mesh() -> Mesh | None:
+    """The mesh the latest solver built (``None``: one device)."""
+    return _last_mesh
 
 
 def check_batch(name: str, batch: int, mesh: Mesh | None) -> None:
@@ -180,5 +189,5 @@ def initialize(coordinator: str, num_processes: int, process_id: int,
 
 
 def is_primary() -> bool:
-    """Caffe's root_solver: process 0 logs, tests' output and snapshots are written once."""
+    """Caffe's root_solver: process 0 writes the log and the snapshots."""
     return jax.process_index() == 0
