@@ -28,7 +28,16 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from caffe2jax.runtime.devices import DATA, local_slots, replicate, replicated, sharded
+from caffe2jax.errors import SolverError
+from caffe2jax.lowering.registry import is_carry
+from caffe2jax.runtime.devices import (
+    DATA,
+    is_primary,
+    local_slots,
+    replicate,
+    replicated,
+    sharded,
+)
 
 
 def first(tree: Any) -> Any:
@@ -155,5 +164,64 @@ class Slot(Mapping):
         return len(self._stacked)
 
 
-__all__ = ["FirstSlice", "Slot", "assemble", "first", "read_round", "replicate",
-           "shard_keys", "sharded_step", "test_forward"]  # fmt: skip
+def check_loop(loop: Any) -> None:
+    """What data-parallel training supports: nets fed by data layers, no values carried
+    between iterations; on processes other than 0, no snapshots (Caffe's root solver
+    alone snapshots)."""
+    for net in [loop.train, *loop.tests]:
+        unfed = set(net.model.inputs) - set(net.feeder.input_shapes())
+        if unfed:
+            raise SolverError(
+                f"net '{net.model.net.name}': Input blobs ({', '.join(sorted(unfed))}) "
+                "cannot be split over devices; multi-device training needs data layers "
+                "(Data, ImageData, HDF5Data, MemoryData, WindowData)"
+            )
+        carried = [k for k in net.model.init(jax.random.key(0))[1] if is_carry(k)]
+        if carried:
+            raise SolverError(
+                f"net '{net.model.net.name}': recurrent values carried between "
+                f"iterations ({', '.join(carried)}) train on one device only"
+            )
+    if not is_primary():
+        loop.param.snapshot = 0
+        loop.param.snapshot_after_train = False
+
+
+def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, float]:
+    """Solver::Test on the mesh: the same test_iter batches, in the same order, with the
+    same keys as on one device, one per device at a time; the last round is padded with
+    repeats that count for nothing. Scores equal the one-device test."""
+    net, n = loop.tests[index], loop.mesh.size
+    iters = loop.param.test_iter[index]
+    params, state = loop.trainer.place(params, state)
+    sums: dict[str, Any] = {}
+    loss, done, blobs, count = 0.0, 0, None, 0
+    while done < iters:
+        count = min(n, iters - done)
+        fed = read_round(net.feeder.next_batches, count, loop.mesh)
+        keys = []
+        for _ in range(count):
+            net.key, rng = jax.random.split(net.key)
+            keys.append(rng)
+        keys += keys[-1:] * (n - count)
+        blobs, (outputs, objective), _ = loop._test_forward[index](
+            params, state, assemble(fed, loop.mesh),
+            shard_keys(keys, loop.mesh))  # fmt: skip
+        if net.sinks.layers:
+            for slot in range(count):
+                net.sinks.write(Slot(blobs, slot))
+        if loop.param.test_compute_loss:
+            loss += float(np.sum(np.asarray(objective, np.float64)[:count]))
+        for name in net.model.outputs:
+            value = np.asarray(outputs[name], np.float64)[:count]
+            sums[name] = sums.get(name, 0) + np.sum(value, axis=0)
+        done += count
+    loop.last_test_env[index] = Slot(blobs, count - 1)
+    loop.tests_run += 1
+    if loop.param.test_compute_loss:
+        loop.log.info(f"Test loss: {loss / iters:.6g}")
+    return loop.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
+
+
+__all__ = ["FirstSlice", "Slot", "assemble", "check_loop", "first", "read_round", "replicate",
+           "shard_keys", "sharded_step", "test_forward", "test_on_mesh"]  # fmt: skip

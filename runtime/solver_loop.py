@@ -27,7 +27,7 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime import data_parallel, solvers
-from caffe2jax.runtime.devices import is_primary, make_mesh
+from caffe2jax.runtime.devices import make_mesh
 from caffe2jax.runtime.feeding import Feeder, Sinks
 from caffe2jax.runtime.solver_setup import SOLVER_RULES, net_sources, net_state, read_solver_param
 from caffe2jax.runtime.solverstate import (
@@ -117,7 +117,7 @@ class SolverLoop:
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
         if self.mesh is not None:
-            self._check_mesh()
+            data_parallel.check_loop(self)
         params, state = self.train.model.init(jax.random.key(self.seed))
         try:
             self.trainer = Trainer(self.train.model, p, params, state, self.mesh)
@@ -142,28 +142,6 @@ class SolverLoop:
             else data_parallel.test_forward(t.model, self.mesh)
             for t in self.tests
         ]  # fmt: skip
-
-    def _check_mesh(self) -> None:
-        """What data-parallel training supports: nets fed by data layers, no values carried
-        between iterations; on processes other than 0, no snapshots (Caffe's root solver
-        alone snapshots)."""
-        for net in [self.train, *self.tests]:
-            unfed = set(net.model.inputs) - set(net.feeder.input_shapes())
-            if unfed:
-                raise SolverError(
-                    f"net '{net.model.net.name}': Input blobs ({', '.join(sorted(unfed))}) "
-                    "cannot be split over devices; multi-device training needs data layers "
-                    "(Data, ImageData, HDF5Data, MemoryData, WindowData)"
-                )
-            carried = [k for k in net.model.init(jax.random.key(0))[1] if is_carry(k)]
-            if carried:
-                raise SolverError(
-                    f"net '{net.model.net.name}': recurrent values carried between "
-                    f"iterations ({', '.join(carried)}) train on one device only"
-                )
-        if not is_primary():
-            self.param.snapshot = 0
-            self.param.snapshot_after_train = False
 
     # -- requests from signal handlers ----------------------------------------------------
 
@@ -328,7 +306,7 @@ class SolverLoop:
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
         if self.mesh is not None:
-            return self._test_on_mesh(index, params, state)
+            return data_parallel.test_on_mesh(self, index, params, state)
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None
@@ -344,41 +322,6 @@ class SolverLoop:
         self.test_states[index] = {**self.test_states[index],
                                    **{k: v for k, v in state.items() if is_carry(k)}}  # fmt: skip
         self.last_test_env[index] = blobs
-        self.tests_run += 1
-        if self.param.test_compute_loss:
-            self.log.info(f"Test loss: {loss / iters:.6g}")
-        return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
-
-    def _test_on_mesh(self, index: int, params: dict, state: dict) -> dict[str, float]:
-        """Solver::Test on the mesh: the same test_iter batches, in the same order, with the
-        same keys as on one device, one per device at a time; the last round is padded with
-        repeats that count for nothing. Scores equal the one-device test."""
-        net, n = self.tests[index], self.mesh.size
-        iters = self.param.test_iter[index]
-        params, state = self.trainer.place(params, state)
-        sums: dict[str, Any] = {}
-        loss, done, blobs, count = 0.0, 0, None, 0
-        while done < iters:
-            count = min(n, iters - done)
-            fed = data_parallel.read_round(net.feeder.next_batches, count, self.mesh)
-            keys = []
-            for _ in range(count):
-                net.key, rng = jax.random.split(net.key)
-                keys.append(rng)
-            keys += keys[-1:] * (n - count)
-            blobs, (outputs, objective), _ = self._test_forward[index](
-                params, state, data_parallel.assemble(fed, self.mesh),
-                data_parallel.shard_keys(keys, self.mesh))  # fmt: skip
-            if net.sinks.layers:
-                for slot in range(count):
-                    net.sinks.write(data_parallel.Slot(blobs, slot))
-            if self.param.test_compute_loss:
-                loss += float(np.sum(np.asarray(objective, np.float64)[:count]))
-            for name in net.model.outputs:
-                value = np.asarray(outputs[name], np.float64)[:count]
-                sums[name] = sums.get(name, 0) + np.sum(value, axis=0)
-            done += count
-        self.last_test_env[index] = data_parallel.Slot(blobs, count - 1)
         self.tests_run += 1
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")

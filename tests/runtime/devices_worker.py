@@ -57,7 +57,8 @@ layer {{ name: "acc" type: "Accuracy" bottom: "out" bottom: "label" top: "acc"
 
 
 def solver_file(folder: Path, batch: int, kind: str, iter_size: int = 1, bn: bool = False,
-                snapshot: int = 0, source: str | None = None) -> Path:  # fmt: skip
+                snapshot: int = 0, source: str | None = None, tests: bool = False,
+                ) -> Path:  # fmt: skip
     net = folder / f"net_{batch}_{bn}_{source is None}.prototxt"
     net.write_text(net_text(batch, bn, source))
     extra = "momentum: 0.9 momentum2: 0.999 delta: 1e-8" if kind == "Adam" else "momentum: 0.9"
@@ -66,7 +67,7 @@ def solver_file(folder: Path, batch: int, kind: str, iter_size: int = 1, bn: boo
         f'net: "{net}"\ntype: "{kind}"\nbase_lr: 0.01\n{extra}\nweight_decay: 0.0005\n'
         f'lr_policy: "fixed"\nmax_iter: 100\nrandom_seed: 7\niter_size: {iter_size}\n'
         f'snapshot: {snapshot}\nsnapshot_prefix: "{folder}/snap"\n'
-        + ("test_iter: 3\ntest_interval: 1000\n" if source is None else "")
+        + ("test_iter: 3\ntest_interval: 1000\n" if tests else "")
     )
     return path
 
@@ -115,7 +116,7 @@ def test_nets(folder: Path) -> dict:
 
     scores = []
     for devices in (None, "all"):
-        loop = SolverLoop(solver_file(folder, 16, "SGD"), devices=devices)
+        loop = SolverLoop(solver_file(folder, 16, "SGD", tests=True), devices=devices)
         scores.append(loop.test(0))
         loop.close()
     return {"test_net": max(abs(scores[0][k] - scores[1][k]) for k in scores[0]),
@@ -152,6 +153,31 @@ def pycaffe_names(folder: Path) -> dict:
             "solver_count": caffe.solver_count(), "solver_rank": caffe.solver_rank()}  # fmt: skip
 
 
+def refusals(folder: Path) -> dict:
+    """What multi-device training refuses, each with its one-line message."""
+    from caffe2jax.errors import CaffeError
+    from caffe2jax.runtime.solver_loop import SolverLoop
+
+    net = folder / "input.prototxt"
+    net.write_text(
+        'name: "fed"\nlayer { name: "in" type: "Input" top: "x" top: "y"\n'
+        "  input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }\n"
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "z"\n'
+        "  inner_product_param { num_output: 2 } }\n"
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "z" bottom: "y" top: "l" }\n'
+    )
+    solver = folder / "input_solver.prototxt"
+    solver.write_text(f'net: "{net}"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 1\n')
+    out = {}
+    for name, devices in (("input_error", "all"), ("ids_error", [0, 9])):
+        try:
+            SolverLoop(solver, devices=devices)
+            out[name] = ""
+        except CaffeError as err:
+            out[name] = str(err)
+    return out
+
+
 def main() -> None:
     out = {"devices": jax.device_count()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +200,7 @@ def main() -> None:
         out.update(test_nets(folder))
         out.update(snapshots(folder))
         out.update(pycaffe_names(folder))
+        out.update(refusals(folder))
     print(json.dumps(out))
 
 

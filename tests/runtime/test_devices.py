@@ -109,6 +109,11 @@ def test_pycaffe_view_shows_device_zero(parity):
     assert (parity["solver_count"], parity["solver_rank"]) == (4, 0)
 
 
+def test_refusals_name_what_is_supported(parity):
+    assert "Input blobs (x, y) cannot be split over devices" in parity["input_error"]
+    assert "no CPU device 9" in parity["ids_error"]
+
+
 def lenet_solver(folder: Path, batch: int) -> Path:
     """The digits example with ``batch`` rows per forward, 10 iterations, a test at the end
     and an HDF5 snapshot."""
