@@ -49,11 +49,13 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "layers": ("caffe2jax.net_spec", "layers"),
     "params": ("caffe2jax.net_spec", "params"),
     "to_proto": ("caffe2jax.net_spec", "to_proto"),
+    **{name: ("caffe2jax.process", name) for name in "Timer init_log layer_type_list log".split()},
+    # pycaffe's multi-GPU names, answered by the data-parallel runtime
     **{
-        name: ("caffe2jax.process", name)
+        name: ("caffe2jax.multigpu", name)
         for name in (
-            "Timer has_nccl init_log layer_type_list log set_multiprocess set_solver_count "
-            "set_solver_rank solver_count solver_rank"
+            "NCCL has_nccl set_multiprocess set_solver_count set_solver_rank solver_count "
+            "solver_rank"
         ).split()
     },
 }

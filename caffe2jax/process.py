@@ -1,9 +1,7 @@
-"""pycaffe's process-level names: ``layer_type_list``, ``Timer``, ``init_log``/``log``,
-``has_nccl``, ``solver_count``/``solver_rank``/``set_multiprocess``.
+"""pycaffe's process-level names: ``layer_type_list``, ``Timer``, ``init_log``/``log``.
 
-caffe2jax trains in one process: the solver count is 1 and the rank 0 until multi-device
-training defines more; ``has_nccl()`` is False because no NCCL build is involved (JAX's own
-collectives do that work).
+The multi-GPU names (``has_nccl``, ``NCCL``, ``solver_count``, ``solver_rank``…) live in
+:mod:`caffe2jax.multigpu`, answered by the data-parallel runtime.
 """
 
 from __future__ import annotations
@@ -14,10 +12,6 @@ import time
 
 from caffe2jax.errors import CaffeError
 from caffe2jax.logs import LOGGER, GlogFormatter
-
-_solver_count = 1
-_solver_rank = 0
-_multiprocess = False
 
 # glog's minloglevel: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL.
 _GLOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
@@ -76,45 +70,3 @@ def init_log(level: int = 0, use_stderr: bool = True) -> None:
 def log(message: str) -> None:
     """pycaffe's ``caffe.log``: one INFO line in Caffe's format."""
     logging.getLogger(LOGGER).info(str(message))
-
-
-def has_nccl() -> bool:
-    """False: caffe2jax is not built with NCCL (multi-device work uses JAX's collectives)."""
-    return False
-
-
-def solver_count() -> int:
-    """The number of training processes (1: caffe2jax trains in one process)."""
-    return _solver_count
-
-
-def set_solver_count(count: int) -> None:
-    """Only 1 is supported: multi-process training is not part of caffe2jax yet."""
-    global _solver_count
-    if int(count) != 1:
-        raise CaffeError(f"solver_count {count}: caffe2jax trains in one process; only 1 works")
-    _solver_count = 1
-
-
-def solver_rank() -> int:
-    """This process's rank among the solvers (0: the only one)."""
-    return _solver_rank
-
-
-def set_solver_rank(rank: int) -> None:
-    """Only 0 is supported (see :func:`set_solver_count`)."""
-    global _solver_rank
-    if int(rank) != 0:
-        raise CaffeError(f"solver_rank {rank}: caffe2jax trains in one process; only 0 works")
-    _solver_rank = 0
-
-
-def multiprocess() -> bool:
-    """Whether :func:`set_multiprocess` was called with True."""
-    return _multiprocess
-
-
-def set_multiprocess(value: bool) -> None:
-    """Record pycaffe's multiprocess flag; with one process it changes nothing."""
-    global _multiprocess
-    _multiprocess = bool(value)

@@ -31,8 +31,9 @@ from caffe2jax.runtime.solver_rules import SOLVER_RULES
 class Solver:
     """A Caffe solver over a train net and its test nets (pycaffe's ``caffe.SGDSolver`` …)."""
 
-    def __init__(self, source: Any, *, logger: logging.Logger | None = None):
-        self._loop = loop = SolverLoop(source, logger=logger)
+    def __init__(self, source: Any, *, logger: logging.Logger | None = None,
+                 devices: str | int | list[int] | None = None):  # fmt: skip
+        self._loop = loop = SolverLoop(source, logger=logger, devices=devices)
         self.param = loop.param
         self.log = loop.log
         self.net = Net._over(loop.train, loop.ts.params, loop.ts.state)
@@ -232,13 +233,14 @@ AdaDeltaSolver = SOLVER_CLASSES["AdaDelta"]
 AdamSolver = SOLVER_CLASSES["Adam"]
 
 
-def get_solver(source: Any) -> Solver:
+def get_solver(source: Any, devices: str | int | list[int] | None = None) -> Solver:
     """pycaffe's ``caffe.get_solver``: an instance of the class the file's ``type`` names
-    (``SGDSolver``, ``AdamSolver``…)."""
+    (``SGDSolver``, ``AdamSolver``…); ``devices`` (``"all"``, ``"0,1"``, ids) trains
+    data-parallel on them, as ``caffe train -gpu``."""
     from caffe2jax.runtime.solver_setup import read_solver_param
 
     param, _ = read_solver_param(source)
     cls = SOLVER_CLASSES.get(param.type)
     if cls is None:
         raise SolverError(f"unknown solver type '{param.type}'; known: {', '.join(SOLVER_RULES)}")
-    return cls(source)
+    return cls(source, devices=devices)

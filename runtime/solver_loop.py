@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,8 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
 from caffe2jax.lowering.registry import is_carry
-from caffe2jax.runtime import solvers
+from caffe2jax.runtime import data_parallel, solvers
+from caffe2jax.runtime.devices import is_primary, make_mesh
 from caffe2jax.runtime.feeding import Feeder, Sinks
 from caffe2jax.runtime.solver_setup import SOLVER_RULES, net_sources, net_state, read_solver_param
 from caffe2jax.runtime.solverstate import (
@@ -94,7 +95,11 @@ def shared_layers(train: Model, test: Model) -> list[tuple[str, int]]:
 class SolverLoop:
     """A Caffe solver over a train net and its test nets, driving a :class:`TrainState`."""
 
-    def __init__(self, source: Any, *, logger: logging.Logger | None = None):
+    def __init__(self, source: Any, *, logger: logging.Logger | None = None,
+                 devices: str | int | Sequence[int] | None = None):  # fmt: skip
+        """``devices`` (Caffe's ``-gpu``: ``"all"``, ``"0,1"``, ids) trains data-parallel on
+        a mesh of them, each running the net's batch_size; ``None``: the default device."""
+        self.mesh = make_mesh(devices) if devices is not None else None
         self.param, self.folder = read_solver_param(source)
         self.log = logger or log
         if self.param.type not in SOLVER_RULES:
@@ -121,9 +126,11 @@ class SolverLoop:
                     f"HDF5Output layer '{layer.name}' in the train net is not written during "
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
+        if self.mesh is not None:
+            data_parallel.check_loop(self)
         params, state = self.train.model.init(jax.random.key(self.seed))
         try:
-            self.trainer = Trainer(self.train.model, p, params, state)
+            self.trainer = Trainer(self.train.model, p, params, state, self.mesh)
         except ValueError as err:
             raise SolverError(str(err)) from None
         self.ts = TrainState(params, state, self.trainer.init(params, state),
@@ -140,7 +147,11 @@ class SolverLoop:
         self.on_iteration: Callable[[int], None] | None = None
         self.on_start: list[Callable[[], None]] = []
         self.on_gradients_ready: list[Callable[[], None]] = []
-        self._test_forward = [jax.jit(self._forward_fn(t.model)) for t in self.tests]
+        self._test_forward = [
+            jax.jit(self._forward_fn(t.model)) if self.mesh is None
+            else data_parallel.test_forward(t.model, self.mesh)
+            for t in self.tests
+        ]  # fmt: skip
         if p.snapshot_prefix:  # temp files an interrupted snapshot left behind
             prefix = Path(p.snapshot_prefix)
             remove_stale_temps(prefix.parent if str(prefix.parent) else Path("."), prefix.name)
@@ -174,8 +185,15 @@ class SolverLoop:
         ``fill`` supplies Input blobs (pycaffe: what the script put in ``net.blobs``)."""
         out = []
         for _ in range(self.trainer.iter_size):
-            fed = self.train.feeder.next_batches()
-            out.append(fill(fed) if fill is not None else fed)
+            if self.mesh is None:
+                fed = self.train.feeder.next_batches()
+                out.append(fill(fed) if fill is not None else fed)
+                continue
+            # Caffe's solvers each read their own batch_size: one batch per device
+            fed = data_parallel.read_round(self.train.feeder.next_batches, self.mesh.size,
+                                           self.mesh)  # fmt: skip
+            fed = [fill(f) if fill is not None else f for f in fed]
+            out.append(data_parallel.assemble(fed, self.mesh))
         return out
 
     def _flush_losses(self) -> None:
@@ -256,6 +274,15 @@ class SolverLoop:
         """Solve's extra forward after the last update (its loss is displayed)."""
         model = self.train.model
         self.train.key, rng = jax.random.split(self.train.key)
+        if self.mesh is not None:
+            # the root solver's forward on its own batch (device 0)
+            forward = data_parallel.test_forward(model, self.mesh)
+            params, state = self.trainer.place(self.ts.params, self.ts.state)
+            keys = data_parallel.shard_keys([rng] * self.mesh.size, self.mesh)
+            _, (_, objective), state = forward(params, state,
+                                               self._passes(None)[0], keys)  # fmt: skip
+            self.ts = self.ts.replace(state=state)
+            return float(np.asarray(objective)[0])
         blobs, state = model.apply(self.ts.params, self.ts.state, self._passes(None)[0], rng)
         self.ts = self.ts.replace(state=state)
         return float(model.graph.objective(blobs))
@@ -294,6 +321,8 @@ class SolverLoop:
         graph = net.model.graph
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
+        if self.mesh is not None:
+            return data_parallel.test_on_mesh(self, index, params, state)
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None
@@ -336,6 +365,8 @@ class SolverLoop:
         from caffe2jax.runtime.weights import save_weights
 
         p = self.param
+        if not is_primary():  # one process writes (its params equal every other's)
+            return None
         if not p.snapshot_prefix:
             raise SolverError("snapshot_prefix is not set; cannot write a snapshot")
         hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5

@@ -67,7 +67,8 @@ def train_step(
         ts.params, ts.state, ts.opt_state, passes, ts.key, ts.iteration
     )
     last_state = extra[1] if len(extra) > 1 else ts.state
-    record = Pass(ts.params, last_state, passes[-1], ts.key, ts.iteration, len(passes) - 1,
+    shown = trainer.shown_inputs(passes[-1])
+    record = Pass(ts.params, last_state, shown, ts.key, ts.iteration, len(passes) - 1,
                   extra[0])  # fmt: skip
     return ts.replace(params=params, state=state, opt_state=opt_state,
                       iteration=ts.iteration + 1), loss, outputs, record  # fmt: skip

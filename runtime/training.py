@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.sharding import Mesh
 
 from caffe2jax.api import Model
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.registry import is_carry
+from caffe2jax.runtime.devices import replicate, replicated
 from caffe2jax.runtime.passes import host_tops
 from caffe2jax.runtime.solvers import caffe_solver
 
@@ -79,8 +81,10 @@ def multipliers(model: Model, merged: Params) -> tuple[Params, Params]:
 class Trainer:
     """Builds the solver transformation and the jitted step for one train Model."""
 
-    def __init__(self, model: Model, solver_param: Any, params: Params, state: Params):
+    def __init__(self, model: Model, solver_param: Any, params: Params, state: Params,
+                 mesh: Mesh | None = None):  # fmt: skip
         self.model = model
+        self.mesh = mesh
         self.solver_param = solver_param
         self.iter_size = max(1, solver_param.iter_size)
         merged = merge(params, state)
@@ -90,7 +94,13 @@ class Trainer:
         self.traces = 0
         # Only the optimizer state is donated: params and state may still be referenced by
         # pycaffe Blobs (solver.net.params, test nets) after the step.
-        self._step = jax.jit(self._make_step(), donate_argnums=(2,))
+        if mesh is None:
+            self._step = jax.jit(self._make_step(), donate_argnums=(2,))
+        else:
+            from caffe2jax.runtime.data_parallel import sharded_step
+
+            self._step = jax.jit(sharded_step(self, mesh), donate_argnums=(2,),
+                                 out_shardings=replicated(mesh))  # fmt: skip
         self._update = jax.jit(self.update)
 
     def init(self, params: Params, state: Params) -> Any:
@@ -102,7 +112,9 @@ class Trainer:
         optimizer state, and XLA refuses to donate one buffer twice."""
         return jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
 
-    def _make_step(self) -> Callable:
+    def _make_passes(self) -> Callable:
+        """``passes_fn(params, state, passes, rng) -> (grads, state, losses, outputs,
+        state_before_last)``: Caffe's iter_size ForwardBackward calls, gradients summed."""
         model, iter_size = self.model, self.iter_size
         names = model.net.blob_names
         # the net's outputs, and the tops of layers a replay must not run again (Python data
@@ -116,22 +128,17 @@ class Trainer:
             )
             return grads, state, loss, {key: blobs[ssa] for key, ssa in outputs}
 
-        def step(params, state, opt_state, passes, key, iteration):
-            """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.
-
-            ``passes`` holds one input dict per forward; ``key`` is the run's base PRNG key,
-            folded with ``iteration`` here so the host never issues per-step device work.
-            """
-            self.traces += 1
-            rng = jax.random.fold_in(key, iteration)
-
-            def one(carry, xs):
+        def one(params, rng):
+            def body(carry, xs):
                 grads, state = carry
                 batch, k = xs
                 g, state, loss, outs = grads_of(params, state, batch, jax.random.fold_in(rng, k))
                 grads = jax.tree.map(jnp.add, grads, g)
                 return (grads, state), (loss, outs)
 
+            return body
+
+        def passes_fn(params, state, passes, rng):
             if iter_size <= UNROLL_ITER_SIZE:
                 # Unrolled at trace time: on CPU an XLA scan (even with unroll) costs more
                 # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step).
@@ -143,21 +150,39 @@ class Trainer:
                     )
                     grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
                     losses.append(loss)
-                losses = jnp.stack(losses)
-            else:
-                batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes[:-1])
-                zeros = jax.tree.map(jnp.zeros_like, params)
-                ks = jnp.arange(iter_size - 1)
-                (grads, state), (head, _) = lax.scan(one, (zeros, state), (batches, ks))
-                last_in = state
-                g, state, loss, out = grads_of(
-                    params, state, passes[-1], jax.random.fold_in(rng, iter_size - 1)
-                )
-                grads = jax.tree.map(jnp.add, grads, g)
-                losses = jnp.append(head, loss)
-            params, opt_state, updates = self.update(params, state, opt_state, grads)
-            # Caffe's param diffs after ApplyUpdate hold the update value (data -= diff)
-            diffs = jax.tree.map(jnp.negative, updates)
+                return grads, state, jnp.stack(losses), out, last_in
+            batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes[:-1])
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            ks = jnp.arange(iter_size - 1)
+            (grads, state), (head, _) = lax.scan(one(params, rng), (zeros, state), (batches, ks))
+            last_in = state
+            g, state, loss, out = grads_of(
+                params, state, passes[-1], jax.random.fold_in(rng, iter_size - 1)
+            )
+            grads = jax.tree.map(jnp.add, grads, g)
+            return grads, state, jnp.append(head, loss), out, last_in
+
+        return passes_fn
+
+    def update_of(self, params, state, opt_state, grads):
+        """:meth:`update` inside the step: new params, optimizer state, and the param diffs
+        Caffe holds after ApplyUpdate (the update value: data -= diff)."""
+        params, opt_state, updates = self.update(params, state, opt_state, grads)
+        return params, opt_state, jax.tree.map(jnp.negative, updates)
+
+    def _make_step(self) -> Callable:
+        passes_fn, iter_size = self._make_passes(), self.iter_size
+
+        def step(params, state, opt_state, passes, key, iteration):
+            """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.
+
+            ``passes`` holds one input dict per forward; ``key`` is the run's base PRNG key,
+            folded with ``iteration`` here so the host never issues per-step device work.
+            """
+            self.traces += 1
+            rng = jax.random.fold_in(key, iteration)
+            grads, state, losses, out, last_in = passes_fn(params, state, passes, rng)
+            params, opt_state, diffs = self.update_of(params, state, opt_state, grads)
             extra = (diffs, last_in) if iter_size > 1 else (diffs,)
             return params, state, opt_state, jnp.mean(losses), out, extra
 
@@ -175,9 +200,25 @@ class Trainer:
     def apply(self, ts: Any, grads: Params) -> Any:
         """Caffe's ApplyUpdate alone, on given param diffs (pycaffe's ``apply_update``):
         the train state after the update, its iteration one more."""
-        params, opt_state, _ = self._update(ts.params, ts.state, ts.opt_state, grads)
+        params, opt_state, _ = self._update(*self.place(ts.params, ts.state, ts.opt_state), grads)
         return ts.replace(params=params, opt_state=opt_state, iteration=ts.iteration + 1)
 
+    def place(self, *trees: Any) -> tuple:
+        """``trees`` replicated on the mesh (as they are without one): a snapshot restored,
+        or a blob a pycaffe script wrote, joins the devices here."""
+        return trees if self.mesh is None else replicate(trees, self.mesh)
+
     def step(self, params, state, opt_state, passes, key, iteration):
-        """Run the compiled step on ``passes``: a tuple of iter_size input dicts."""
+        """Run the compiled step on ``passes``: a tuple of iter_size input dicts (on a mesh,
+        global arrays sharded along their rows, one ``batch_size`` slice per device)."""
+        params, state, opt_state, key = self.place(params, state, opt_state, key)
         return self._step(params, state, opt_state, tuple(passes), key, iteration)
+
+    def shown_inputs(self, inputs: Any) -> Any:
+        """The inputs of the pass pycaffe's train net shows: on a mesh, device 0's slice
+        (Caffe's root solver net)."""
+        if self.mesh is None:
+            return inputs
+        from caffe2jax.runtime.data_parallel import FirstSlice
+
+        return FirstSlice(inputs, self.mesh)

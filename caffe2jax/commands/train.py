@@ -25,7 +25,30 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="a progress bar (terminals, by default) or Caffe's log lines on stderr",
     )
+    _add_device_flags(p)
     p.set_defaults(func=run)
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """Caffe's -gpu, and the processes of a multi-host run (jax.distributed)."""
+    p.add_argument("--gpu", help="devices to train on: 'all' or ids like 0,1 (Caffe's -gpu)")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0, for multi-process training")
+    p.add_argument("--num-processes", type=int, help="number of processes (multi-process)")
+    p.add_argument("--process-id", type=int, help="this process's rank, 0..N-1 (multi-process)")
+    p.add_argument("--timeout", type=int, default=60,
+                   help="seconds to wait for all processes to join (default 60)")  # fmt: skip
+
+
+def _join_processes(args: argparse.Namespace) -> str | None:
+    """jax.distributed from the flags or environment; the device spec to train on (every
+    device of every process when several processes joined and --gpu is not given)."""
+    from caffe2jax.runtime import devices
+
+    setup = devices.distributed_params(args.coordinator, args.num_processes, args.process_id)
+    if setup is None:
+        return args.gpu
+    devices.initialize(*setup, timeout_s=args.timeout)
+    return args.gpu or "all"
 
 
 def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
@@ -43,13 +66,24 @@ def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
     return Handler()
 
 
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("caffe2jax.worker")
+    logger.setLevel(logging.WARNING)
+    return logger
+
+
 def run(args: argparse.Namespace) -> int:
+    from caffe2jax.runtime.devices import is_primary
     from caffe2jax.runtime.solver_loop import SolverLoop
 
+    gpu = _join_processes(args)
     log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
-    use_bar = args.progress == "bar" or (args.progress == "auto" and logs.is_terminal())
-    logger = logs.setup(log_file, console=not use_bar)
-    solver = SolverLoop(args.solver, logger=logger)
+    use_bar = is_primary() and (
+        args.progress == "bar" or (args.progress == "auto" and logs.is_terminal())
+    )
+    # Caffe's root solver logs; other processes keep quiet (their warnings still show)
+    logger = logs.setup(log_file, console=not use_bar) if is_primary() else _quiet_logger()
+    solver = SolverLoop(args.solver, logger=logger, devices=gpu)
     if args.iterations is not None:
         if args.iterations < 0:
             raise CaffeError(f"--iterations must be >= 0, got {args.iterations}")
