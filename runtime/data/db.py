@@ -146,6 +146,8 @@ def check_lmdb_file(path: Path) -> None:
     would end the process with SIGBUS on the first read past its end (mdb.c's meta layout:
     ``MDB_meta`` after a 16-byte page header, page size in ``mm_dbs[FREE_DBI].md_pad``)."""
     data = path / "data.mdb"
+    if not data.is_file():
+        raise DataError(f"{path}: cannot open lmdb database (no data.mdb file in it)")
     try:
         size = data.stat().st_size
         with open(data, "rb") as handle:
@@ -155,7 +157,7 @@ def check_lmdb_file(path: Path) -> None:
                 handle.seek(metas[0][1])
                 metas.append(_meta(handle.read(_PAGE_HEADER + _META.size)))
     except OSError as err:
-        raise DataError(f"{path}: cannot read LMDB data.mdb ({err.strerror})") from None
+        raise DataError(f"{path}: cannot open lmdb database ({err.strerror})") from None
     valid = [m for m in metas if m is not None]
     if not valid:
         raise DataError(f"{path}: data.mdb is not an LMDB file (no LMDB meta page)")
