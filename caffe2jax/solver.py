@@ -122,6 +122,10 @@ class Solver:
         """Finish the current iteration, then stop (Caffe's SIGINT action "stop")."""
         self.stopped = True
 
+    def request_snapshot(self) -> None:
+        """Snapshot after the current iteration (Caffe's SIGHUP action "snapshot")."""
+        self._snapshot_requested = True
+
     # -- training -----------------------------------------------------------------------------
 
     def _batches(self) -> list[dict[str, Any]]:
