@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from caffe2jax.errors import CaffeError
+from caffe2jax.runtime.memory import available_memory
 
 # Deflate's best case is ~1032:1; anything beyond (or far beyond the bytes in the file for
 # uncompressed storage) is a declared size the file cannot back with data.
@@ -36,21 +37,6 @@ MAX_RATIO = 1100
 RATIO_FLOOR = 1 << 20
 MAX_RANK = 32
 _H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError)
-
-
-def available_memory() -> int:
-    """Bytes of physical memory available now (MemAvailable; total RAM where unknown)."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 1 << 34
 
 
 def short(err: BaseException, limit: int = 120) -> str:

@@ -68,9 +68,10 @@ def preflight(args: argparse.Namespace, log_file: Path) -> None:
     """Refuse to overwrite an earlier run's snapshots or log unless resuming or forced."""
     from caffe2jax.runtime.solver_setup import read_solver_param
 
+    param, folder = read_solver_param(args.solver)
+    check_train_net_fits(param, folder)
     if args.force or args.snapshot:
         return
-    param, _ = read_solver_param(args.solver)
     earlier = _snapshot_files(param.snapshot_prefix)
     if earlier:
         raise CaffeError(
@@ -79,6 +80,27 @@ def preflight(args: argparse.Namespace, log_file: Path) -> None:
         )
     if log_file.exists():
         raise CaffeError(f"{log_file} exists (an earlier run's log); pass --force or --log FILE")
+
+
+def check_train_net_fits(param, folder: Path) -> None:
+    """The size check before anything is compiled or prefetched: the train net's blobs (as
+    shaped by its data sources, read without prefetching) must fit the device."""
+    from caffe2jax.api import Model
+    from caffe2jax.commands.summary import source_shapes
+    from caffe2jax.frontend import caffe_pb2
+    from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.runtime.memory import check_net_fits
+    from caffe2jax.runtime.solver_setup import net_sources, net_state
+
+    train, _ = net_sources(param, folder)
+    extra = param.train_state if param.HasField("train_state") else None
+    net = load_net(train, "TRAIN", state=net_state(caffe_pb2.TRAIN, train, extra))
+    shapes, _ = source_shapes(net, folder)
+    try:
+        model = Model(net, shapes)
+    except CaffeError:
+        return  # the Solver reports it, with its own context
+    check_net_fits(model.net, itemsize=8, params=model.graph.decls)
 
 
 def install_signals(solver, sigint: str, sighup: str) -> dict[int, object]:
