@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from caffe2jax import logs
-from caffe2jax.errors import CaffeError
+from caffe2jax.errors import CaffeError, SolverError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -151,6 +151,14 @@ def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except SolverError as err:
+        text = str(err)
+        raise SolverError(text if args.solver in text else f"{args.solver}: {text}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from caffe2jax.solver import Solver
 
     log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
