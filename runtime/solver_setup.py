@@ -80,3 +80,20 @@ def net_state(phase: int, net: caffe_pb2.NetParameter, extra: caffe_pb2.NetState
     if extra is not None:
         state.MergeFrom(extra)
     return state
+
+
+def check_solver(param: caffe_pb2.SolverParameter, name: str) -> None:
+    """The solver checks that need no net (type, hyper-parameters, lr policy), as one
+    SolverError naming the solver file ``name``: run before any net is built."""
+    from caffe2jax.runtime.lr_policy import check_policy
+    from caffe2jax.runtime.solver_rules import check_rule_params
+    from caffe2jax.runtime.solvers import check_solver_param
+
+    if param.type not in SOLVER_TYPES:
+        known = ", ".join(SOLVER_TYPES)
+        raise SolverError(f"{name}: unknown solver type '{param.type}'; known: {known}")
+    for check in (check_solver_param, check_rule_params, check_policy):
+        try:
+            check(param)
+        except ValueError as err:
+            raise SolverError(f"{name}: {err}") from None

@@ -66,9 +66,12 @@ def _snapshot_files(prefix: str) -> list[Path]:
 
 def preflight(args: argparse.Namespace, log_file: Path) -> None:
     """Refuse to overwrite an earlier run's snapshots or log unless resuming or forced."""
-    from caffe2jax.runtime.solver_setup import read_solver_param
+    from caffe2jax.runtime.solver_setup import check_solver, read_solver_param
 
     param, folder = read_solver_param(args.solver)
+    if args.iterations is not None:
+        param.max_iter = args.iterations
+    check_solver(param, args.solver)
     check_train_net_fits(param, folder)
     if args.force or args.snapshot:
         return
