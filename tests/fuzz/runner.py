@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 2 << 30  # bytes of address space for the worker (JAX itself needs ~1 GiB)
 CASE_SECONDS = 10.0  # per case, SIGALRM in the worker
 HANG_SECONDS = 60.0  # the parent's watchdog: no answer at all for this long
-MAX_MESSAGE = 240
+MAX_MESSAGE = 400
 
 
 class CaseTimeout(BaseException):

@@ -1,7 +1,7 @@
 """Seeded, bounded fuzzing of every Caffe file caffe2jax reads: mutated nets, solvers, binary
 and HDF5 weights, solverstates (binary and HDF5), binaryprotos and LMDB databases.
 
-Every case must end in a result or a one-line CaffeError (at most 240 characters): no other
+Every case must end in a result or a one-line CaffeError (at most 400 characters): no other
 exception, none over its time limit (10 s), none past the worker's 2 GiB address-space limit
 (RLIMIT_AS: an allocation beyond it is a MemoryError, counted as a failure), no crash.
 ``CAFFE2JAX_FUZZ_SCALE`` multiplies the case counts (the CI run: ~3,000 cases); the larger
