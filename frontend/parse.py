@@ -156,6 +156,8 @@ def read_message(source: str | os.PathLike | bytes, message_type: type[M]) -> M:
         raise PrototxtError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise PrototxtError(f"{path}: is a directory, expected a prototxt file") from None
+    except OSError as err:
+        raise PrototxtError(f"{path}: cannot read ({err.strerror})") from None
     return _parse_bytes(data, message_type, str(path))
 
 

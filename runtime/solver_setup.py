@@ -32,8 +32,11 @@ def resolve(path: str, folder: Path) -> Path:
     """A path from a solver file: as given (Caffe: relative to the working directory), else
     relative to the solver file's folder."""
     given = Path(path)
-    if given.exists() or given.is_absolute():
-        return given
+    try:
+        if given.exists() or given.is_absolute():
+            return given
+    except OSError as err:  # a name too long for the file system, say
+        raise SolverError(f"net file '{path[:60]}': {err.strerror}") from None
     return folder / given
 
 
@@ -51,8 +54,12 @@ def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, li
         if field.endswith("_param"):
             return value
         path = resolve(value, folder)
-        if not path.exists():
-            raise SolverError(f"{field}: net file '{value}' not found")
+        try:
+            found = path.exists()
+        except OSError as err:
+            raise SolverError(f"{field}: net file '{value[:60]}': {err.strerror}") from None
+        if not found:
+            raise SolverError(f"{field}: net file '{value[:60]}' not found")
         return read_net(path)
 
     field = train_fields[0]
