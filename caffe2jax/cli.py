@@ -12,7 +12,7 @@ import sys
 
 from caffe2jax import __version__
 from caffe2jax.commands import COMMANDS
-from caffe2jax.errors import CaffeError
+from caffe2jax.errors import CaffeError, one_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except CaffeError as err:
         print(f"caffe2jax {args.command}: error: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
-        print(f"caffe2jax {args.command}: error: {err.strerror}: {err.filename}", file=sys.stderr)
+    except OSError as err:  # a file the user named cannot be read or written
+        what = one_line(f"{err.strerror or err}: {err.filename or ''}")
+        print(f"caffe2jax {args.command}: error: {what}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"caffe2jax {args.command}: interrupted", file=sys.stderr)

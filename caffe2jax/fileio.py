@@ -59,6 +59,12 @@ def _check(path: Path, overwrite: bool) -> None:
         raise CaffeError(f"{path.parent}: no such directory")
 
 
+def refuse_overwrite(path: str | os.PathLike, force: bool) -> None:
+    """A command's pre-flight check: an existing output is replaced only with ``--force``."""
+    if not force and Path(path).exists():
+        raise CaffeError(f"{path} already exists; pass --force to overwrite it")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
     """``with atomic_path(p) as tmp``: write the file at ``tmp`` (any library, e.g. h5py); on

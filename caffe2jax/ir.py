@@ -52,6 +52,12 @@ class Layer:
     param_specs: tuple[ParamSpec, ...]
     param: Any = field(compare=False, repr=False)
     line: int = 0
+    source: str = field(default="", compare=False)  # the prototxt file the layer came from
+
+    @property
+    def where(self) -> str:
+        """``"file:line: "`` of the layer's definition for error messages ("" if unknown)."""
+        return f"{self.source}:{self.line}: " if self.source and self.line else ""
 
     @property
     def is_loss(self) -> bool:

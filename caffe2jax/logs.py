@@ -53,9 +53,11 @@ class ProgressBar:
         self.stream.flush()
 
 
-def setup(log_file: str | os.PathLike | None, *, console: bool = True) -> logging.Logger:
-    """The caffe2jax logger writing Caffe-format lines to ``log_file`` and, when ``console``,
-    to stderr (as glog does)."""
+def setup(
+    log_file: str | os.PathLike | None, *, console: bool = True, append: bool = False
+) -> logging.Logger:
+    """The caffe2jax logger writing Caffe-format lines to ``log_file`` (appended to when
+    ``append``, e.g. a resumed run) and, when ``console``, to stderr (as glog does)."""
     logger = logging.getLogger(LOGGER)
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -65,7 +67,7 @@ def setup(log_file: str | os.PathLike | None, *, console: bool = True) -> loggin
     formatter = GlogFormatter()
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+        handler = logging.FileHandler(log_file, mode="a" if append else "w", encoding="utf-8")
         handler.setFormatter(formatter)
         logger.addHandler(handler)
     if console:

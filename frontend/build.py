@@ -117,6 +117,7 @@ class _Builder:
             param_specs=_param_specs(param),
             param=param,
             line=self.lines.get(param.name, 0),
+            source=self.source,
         )
 
     def _version(self, name: str, writer: str) -> str:

@@ -23,13 +23,34 @@ _POSITION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
 _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
 
 
+_TOKEN_LIMIT = 40
+
+
+def _clip(token: str, limit: int = _TOKEN_LIMIT) -> str:
+    return token if len(token) <= limit else token[: limit - 3] + "..."
+
+
 def _token_at(text: str, line: int, column: int) -> str:
-    lines = text.splitlines()
+    """The token at line:column (clipped: the offending token, never the whole line)."""
+    lines = text.split("\n")
     if not 1 <= line <= len(lines):
         return "<end of file>"
     rest = lines[line - 1][max(column - 1, 0) :]
     match = re.match(r'\s*("[^"]*"|[\w.+-]+|\S)', rest)
-    return match.group(1) if match else "<end of line>"
+    return _clip(match.group(1)) if match else "<end of line>"
+
+
+def _drop_echo(detail: str, text: str, line: int) -> str:
+    """protobuf's ParseError repeats the whole offending line (``'<line>': problem``):
+    keep the problem only."""
+    lines = text.split("\n")
+    if 1 <= line <= len(lines):
+        echo = f"'{lines[line - 1]}': "
+        if detail.startswith(echo):
+            return detail[len(echo) :]
+    return (
+        re.sub(r"^'.*?': ", "", detail, count=1, flags=re.S) if detail.startswith("'") else detail
+    )
 
 
 def _explain(detail: str, message_type: type[message.Message]) -> str:
@@ -66,6 +87,7 @@ def parse_text(text: str, message_type: type[M], filename: str = "<string>") -> 
             line, column, detail = int(pos.group(1)), int(pos.group(2)), pos.group(3)
         token = _token_at(text, line or 0, column or 0)
         where = f"{filename}:{line or '?'}:{column or '?'}"
+        detail = _clip(_drop_echo(detail, text, line or 0), 120)
         raise PrototxtError(
             f"{where}: {_explain(detail, message_type)} (at token {token!r})"
         ) from None
@@ -77,10 +99,13 @@ def parse_binary(data: bytes, message_type: type[M], filename: str = "<bytes>") 
     msg = message_type()
     try:
         msg.ParseFromString(data)
-    except message.DecodeError as err:
+    except (message.DecodeError, RuntimeError, ValueError) as err:
         kind = message_type.DESCRIPTOR.name
-        raise PrototxtError(f"{filename}: not a binary {kind} ({err})") from None
+        raise PrototxtError(f"{filename}: not a binary {kind} ({_clip(str(err), 100)})") from None
     return msg
+
+
+_CONTROL = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D} | {0x7F}
 
 
 def _looks_binary(data: bytes) -> bool:
@@ -91,15 +116,37 @@ def _looks_binary(data: bytes) -> bool:
     return any(ch in text for ch in "\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0e\x0f")
 
 
+def _looks_text(data: bytes) -> bool:
+    """A text prototxt with a stray byte: it starts like text (a field name or a comment) and
+    nearly all of its first 4 KB are printable."""
+    head = data[:4096].lstrip()
+    if not head or not (head[:1].isalpha() or head[:1] in b"#_"):
+        return False
+    odd = sum(1 for b in head if b in _CONTROL)
+    return odd <= max(4, len(head) // 50)
+
+
+def _parse_bytes(data: bytes, message_type: type[M], filename: str) -> M:
+    """Caffe tries text for .prototxt files and binary otherwise; here: text unless the bytes
+    look binary, and a file that is neither is reported as the text it looks like (with
+    file:line:col at the bad byte) rather than as a corrupt binary message."""
+    if not _looks_binary(data):
+        return parse_text(data.decode("utf-8"), message_type, filename)
+    try:
+        return parse_binary(data, message_type, filename)
+    except PrototxtError:
+        if not _looks_text(data):
+            raise
+    return parse_text(data.decode("utf-8", errors="replace"), message_type, filename)
+
+
 def read_message(source: str | os.PathLike | bytes, message_type: type[M]) -> M:
     """Read a message from a path (text or binary file), prototxt text, or binary bytes.
 
     A ``str`` containing a newline or ``{`` is prototxt text; any other ``str`` is a path.
     """
     if isinstance(source, bytes):
-        if _looks_binary(source):
-            return parse_binary(source, message_type)
-        return parse_text(source.decode("utf-8"), message_type)
+        return _parse_bytes(source, message_type, "<bytes>")
     if isinstance(source, str) and ("\n" in source or "{" in source):
         return parse_text(source, message_type)
     path = Path(source)
@@ -109,9 +156,9 @@ def read_message(source: str | os.PathLike | bytes, message_type: type[M]) -> M:
         raise PrototxtError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise PrototxtError(f"{path}: is a directory, expected a prototxt file") from None
-    if _looks_binary(data):
-        return parse_binary(data, message_type, str(path))
-    return parse_text(data.decode("utf-8"), message_type, str(path))
+    except OSError as err:
+        raise PrototxtError(f"{path}: cannot read ({err.strerror})") from None
+    return _parse_bytes(data, message_type, str(path))
 
 
 def read_net(source: str | os.PathLike | bytes) -> caffe_pb2.NetParameter:

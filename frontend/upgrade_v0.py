@@ -250,7 +250,13 @@ def _move_field(
             value = caffe_pb2.PoolingParameter.PoolMethod.Value(
                 caffe_pb2.V0LayerParameter.PoolMethod.Name(value)
             )
-        _assign(getattr(out, param_name), field_name, value)
+        try:
+            _assign(getattr(out, param_name), field_name, value)
+        except (ValueError, TypeError) as err:  # e.g. a negative V0 value for a uint32 field
+            index, source = where
+            detail = f"V0 parameter '{name}' = {str(value)[:40]} does not fit {param_name}: {err}"
+            what = f"layer '{out.name}'" if out.name else "unnamed layer"
+            raise _fail(source, what, index, detail) from None
     else:
         index, source = where
         detail = f"V0 parameter '{name}' does not apply to layer type '{kind}'"

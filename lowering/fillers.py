@@ -175,5 +175,7 @@ def fill(
     if filler.type != "gaussian" and filler.sparse != -1:
         raise NetError(f"filler '{filler.type}' does not support 'sparse' (only gaussian does)")
     shape = tuple(shape)
+    if not math.prod(shape):  # Caffe fills nothing (xavier/msra's fan would divide by 0)
+        return jnp.zeros(shape, dtype)
     draws = key if isinstance(key, Draws) else Draws(key, *draws_needed(filler, shape), dtype)
     return make(filler, shape, draws, dtype).astype(dtype)

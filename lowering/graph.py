@@ -15,6 +15,7 @@ diffs Caffe's Backward leaves in the params.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,26 @@ Params = dict[str, list[Any]]
 
 
 def _fail(layer: ir.Layer, problem: str) -> NetError:
-    return NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
+    return NetError(f"{layer.where}layer '{layer.name}' (type {layer.type}): {problem}")
+
+
+def _locate(layer: ir.Layer, err: NetError) -> NetError:
+    """``err`` naming the layer and, when known, its file:line (same error class)."""
+    text = str(err)
+    if f"layer '{layer.name}'" not in text:
+        text = f"layer '{layer.name}' (type {layer.type}): {text}"
+    if layer.where and not text.startswith(layer.where):
+        text = layer.where + text
+    return type(err)(text)
+
+
+@contextlib.contextmanager
+def _at(layer: ir.Layer):
+    """NetErrors raised while handling ``layer`` carry its name and file:line."""
+    try:
+        yield
+    except NetError as err:
+        raise _locate(layer, err) from None
 
 
 def _shape_list(names: Sequence[str], shapes: Sequence[Shape]) -> str:
@@ -59,7 +79,10 @@ class Graph:
         self.dtype = jnp.dtype(dtype)
         self.phase = net.phase
         self._init = None
-        self.lowerings: dict[str, Lowering] = {layer.name: lookup(layer) for layer in net.layers}
+        self.lowerings: dict[str, Lowering] = {}
+        for layer in net.layers:
+            with _at(layer):
+                self.lowerings[layer.name] = lookup(layer)
         self.decls: dict[str, list[ParamDecl]] = {}
         self.carries: dict[str, list[ParamDecl]] = {}
         self.shared: dict[tuple[str, int], tuple[str, int]] = {}
@@ -100,25 +123,29 @@ class Graph:
     def _infer(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict[str, Shape]:
         shapes: dict[str, Shape] = {}
         for k, layer in enumerate(net.layers):
-            lowering = self.lowerings[layer.name]
-            if lowering.source:
-                for ssa, user, shape in zip(
-                    layer.tops, layer.top_names, self._source_shapes(layer, given)
-                ):
-                    shapes[ssa] = shape
-                    self.inputs[user] = shape
-                    self._input_ssa[user] = ssa
-                continue
-            bottom_shapes = [shapes[b] for b in layer.bottoms]
-            self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
-            carries = lowering.declare_carry(layer, bottom_shapes)
-            if carries:
-                self.carries[layer.name] = carries
-            tops = self._eval_tops(k, layer, lowering, bottom_shapes)
-            shapes.update(zip(layer.tops, tops))
+            with _at(layer):
+                self._infer_layer(k, layer, shapes, given)
         if given:
             raise NetError(f"input_shapes names unknown input blob(s): {', '.join(sorted(given))}")
         return shapes
+
+    def _infer_layer(self, k: int, layer: ir.Layer, shapes: dict, given: dict) -> None:
+        lowering = self.lowerings[layer.name]
+        if lowering.source:
+            for ssa, user, shape in zip(
+                layer.tops, layer.top_names, self._source_shapes(layer, given)
+            ):
+                shapes[ssa] = shape
+                self.inputs[user] = shape
+                self._input_ssa[user] = ssa
+            return
+        bottom_shapes = [shapes[b] for b in layer.bottoms]
+        self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
+        carries = lowering.declare_carry(layer, bottom_shapes)
+        if carries:
+            self.carries[layer.name] = carries
+        tops = self._eval_tops(k, layer, lowering, bottom_shapes)
+        shapes.update(zip(layer.tops, tops))
 
     def _eval_tops(self, k, layer, lowering, bottom_shapes) -> list[Shape]:
         blobs = [jax.ShapeDtypeStruct(d.shape, self.dtype) for d in self.decls[layer.name]]
@@ -209,10 +236,12 @@ class Graph:
         draws = Draws(key, sum(n for n, _ in needs), sum(u for _, u in needs), self.dtype)
         params: Params = {}
         state: Params = {}
+        layers = {layer.name: layer for layer in self.net.layers}
         for name, j, decl in owned:
             tree = state if decl.state else params
             blobs = tree.setdefault(name, [None] * len(self.decls[name]))
-            blobs[j] = fill(decl.filler, decl.shape, draws, self.dtype)
+            with _at(layers[name]):
+                blobs[j] = fill(decl.filler, decl.shape, draws, self.dtype)
         for name, decls in self.carries.items():
             state[carry_key(name)] = [jnp.zeros(d.shape, self.dtype) for d in decls]
         return params, state

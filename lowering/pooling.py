@@ -170,19 +170,21 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
     return any((o - 1) * s - p >= n for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw))
 
 
-def _divisor(spec: PoolSpec, hw: tuple[int, ...]) -> np.ndarray:
-    """AVE's per-output divisor: the window clipped to [−pad, size + pad), as Caffe counts it."""
+def _divisor(spec: PoolSpec, hw: tuple[int, ...], dtype) -> jax.Array:
+    """AVE's per-output divisor: the window clipped to [−pad, size + pad), as Caffe counts it.
+    Built with traced ops (iota), never on the host: under shape inference it stays abstract
+    however large the output is declared."""
     sizes = []
     for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad):
-        start = np.arange(o) * s - p
-        sizes.append(np.minimum(start + k, n + p) - start)
-    return np.outer(sizes[0], sizes[1])
+        start = lax.iota(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, o) * s - p
+        sizes.append((jnp.minimum(start + k, n + p) - start).astype(dtype))
+    return sizes[0][:, None] * sizes[1][None, :]
 
 
 def ave_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
     total = _window(x, spec, 0.0, lax.add)
-    return total / jnp.asarray(_divisor(spec, x.shape[2:]), x.dtype)
+    return total / _divisor(spec, x.shape[2:], x.dtype)
 
 
 def _offset_slices(x: jax.Array, spec: PoolSpec, fill: float):

@@ -20,6 +20,7 @@ shapes it declares (``None`` where only the data can tell).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,9 +166,12 @@ def lookup(layer: ir.Layer) -> Lowering:
     try:
         return _REGISTRY[layer.type]
     except KeyError:
+        close = difflib.get_close_matches(layer.type, _REGISTRY, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise NetError(
-            f"layer '{layer.name}' has unsupported type '{layer.type}'; supported types: "
-            + ", ".join(sorted(_REGISTRY))
+            f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
+            f"{len(_REGISTRY)} types are supported, listed by "
+            "caffe2jax.lowering.registry.registered_types()"
         ) from None
 
 

@@ -11,7 +11,7 @@ from caffe2jax.errors import NetError
 
 def fail(layer: ir.Layer, problem: str) -> NetError:
     """A NetError naming the layer and its type: raise it for a configuration Caffe refuses."""
-    return NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
+    return NetError(f"{layer.where}layer '{layer.name}' (type {layer.type}): {problem}")
 
 
 def canonical_axis(layer: ir.Layer, axis: int, ndim: int) -> int:

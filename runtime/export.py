@@ -53,9 +53,11 @@ def export_forward(
     return export.export(jax.jit(forward), platforms=platforms)(specs)
 
 
-def save_exported(path: str | os.PathLike, exported: export.Exported) -> Path:
-    """Write ``exported.serialize()`` atomically."""
-    return atomic_write(path, bytes(exported.serialize()))
+def save_exported(
+    path: str | os.PathLike, exported: export.Exported, *, overwrite: bool = True
+) -> Path:
+    """Write ``exported.serialize()`` atomically (an existing file only if ``overwrite``)."""
+    return atomic_write(path, bytes(exported.serialize()), overwrite=overwrite)
 
 
 def load_exported(path: str | os.PathLike) -> export.Exported:

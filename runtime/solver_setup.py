@@ -31,8 +31,11 @@ def resolve(path: str, folder: Path) -> Path:
     """A path from a solver file: as given (Caffe: relative to the working directory), else
     relative to the solver file's folder."""
     given = Path(path)
-    if given.exists() or given.is_absolute():
-        return given
+    try:
+        if given.exists() or given.is_absolute():
+            return given
+    except OSError as err:  # a name too long for the file system, say
+        raise SolverError(f"net file '{path[:60]}': {err.strerror}") from None
     return folder / given
 
 
@@ -50,8 +53,12 @@ def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, li
         if field.endswith("_param"):
             return value
         path = resolve(value, folder)
-        if not path.exists():
-            raise SolverError(f"{field}: net file '{value}' not found")
+        try:
+            found = path.exists()
+        except OSError as err:
+            raise SolverError(f"{field}: net file '{value[:60]}': {err.strerror}") from None
+        if not found:
+            raise SolverError(f"{field}: net file '{value[:60]}' not found")
         return read_net(path)
 
     field = train_fields[0]
@@ -79,3 +86,20 @@ def net_state(phase: int, net: caffe_pb2.NetParameter, extra: caffe_pb2.NetState
     if extra is not None:
         state.MergeFrom(extra)
     return state
+
+
+def check_solver(param: caffe_pb2.SolverParameter, name: str) -> None:
+    """The solver checks that need no net (type, hyper-parameters, lr policy), as one
+    SolverError naming the solver file ``name``: run before any net is built."""
+    from caffe2jax.runtime.lr_policy import check_policy
+    from caffe2jax.runtime.solver_rules import check_rule_params
+    from caffe2jax.runtime.solvers import check_solver_param
+
+    if param.type not in SOLVER_TYPES:
+        known = ", ".join(SOLVER_TYPES)
+        raise SolverError(f"{name}: unknown solver type '{param.type}'; known: {known}")
+    for check in (check_solver_param, check_rule_params, check_policy):
+        try:
+            check(param)
+        except ValueError as err:
+            raise SolverError(f"{name}: {err}") from None

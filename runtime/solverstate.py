@@ -7,6 +7,7 @@ blobs in the learnable-param order (two sets for AdaDelta and Adam).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_path, atomic_write
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime import hdf5_read
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -41,12 +43,18 @@ def _blob(array: np.ndarray) -> caffe_pb2.BlobProto:
     return blob
 
 
-def _array(blob: caffe_pb2.BlobProto) -> np.ndarray:
+def _array(blob: caffe_pb2.BlobProto, path: Path, index: int) -> np.ndarray:
+    """Blob::FromProto for a history blob: its count must equal its shape's count."""
     if blob.HasField("shape"):
         shape = tuple(blob.shape.dim)
     else:
         shape = tuple(d for d in (blob.num, blob.channels, blob.height, blob.width))
     values = blob.double_data if len(blob.double_data) else blob.data
+    if any(d < 0 for d in shape) or math.prod(shape) != len(values):
+        dims = list(shape)[:8]
+        raise WeightsError(
+            f"{path}: history blob {index}: {len(values)} value(s) stored for shape {dims}"
+        )
     return np.asarray(values, np.float32).reshape(shape)
 
 
@@ -69,38 +77,90 @@ def write_solverstate(path: str | os.PathLike, state: SolverStateFile, hdf5: boo
     return path
 
 
-def read_solverstate(path: str | os.PathLike) -> SolverStateFile:
-    """Read a binary or HDF5 solverstate (Caffe's or ours); the format is told by magic bytes."""
+def read_solverstate(path: str | os.PathLike, max_bytes: int | None = None) -> SolverStateFile:
+    """Read a binary or HDF5 solverstate (Caffe's or ours); the format is told by magic bytes.
+    ``max_bytes`` bounds each HDF5 history blob (default: what memory can hold)."""
     path = Path(path)
     try:
         head = path.open("rb").read(8)
     except OSError as err:
         raise WeightsError(f"{path}: cannot read solver state ({err.strerror})") from None
     if head == HDF5_MAGIC:
-        return _read_hdf5(path)
+        return _read_hdf5(path, hdf5_read.host_limit() if max_bytes is None else max_bytes)
     msg = caffe_pb2.SolverState()
     try:
         msg.ParseFromString(path.read_bytes())
     except Exception as err:
-        raise WeightsError(f"{path}: not a SolverState ({err})") from None
+        raise WeightsError(f"{path}: not a SolverState ({hdf5_read.short(err)})") from None
     if not msg.HasField("iter"):
         raise WeightsError(f"{path}: not a SolverState (no iteration recorded)")
-    return SolverStateFile(
-        msg.iter, msg.learned_net, msg.current_step, [_array(b) for b in msg.history]
-    )
+    history = [_array(b, path, i) for i, b in enumerate(msg.history)]
+    return SolverStateFile(msg.iter, _learned_net(msg, path), msg.current_step, history)
 
 
-def _read_hdf5(path: Path) -> SolverStateFile:
+def _learned_net(msg: caffe_pb2.SolverState, path: Path) -> str:
+    """``learned_net`` as text; protobuf may hand back bytes for a field that is not UTF-8."""
     try:
-        with h5py.File(path, "r") as f:
-            history = f["history"]
-            blobs = [np.asarray(history[str(i)], np.float32) for i in range(len(history))]
-            learned = f["learned_net"][()] if "learned_net" in f else b""
-            return SolverStateFile(
-                int(np.asarray(f["iter"]).ravel()[0]),
-                learned.decode() if isinstance(learned, bytes) else str(learned),
-                int(np.asarray(f["current_step"]).ravel()[0]) if "current_step" in f else 0,
-                blobs,
+        value = msg.learned_net
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise WeightsError(f"{path}: learned_net is not UTF-8 text") from None
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise WeightsError(f"{path}: learned_net is not UTF-8 text") from None
+    return value
+
+
+def _read_hdf5(path: Path, max_bytes: int) -> SolverStateFile:
+    """SGDSolver::RestoreSolverStateFromHDF5, through the checked HDF5 reader."""
+    err = WeightsError
+    with hdf5_read.open_hdf5(path, err, "solver state") as f:
+        history = hdf5_read.child(f, "history", path, err)
+        if not isinstance(history, h5py.Group):
+            raise err(f"{path}: HDF5 solver state lacks the 'history' group")
+        blobs = []
+        for i in range(len(history)):
+            item = hdf5_read.child(history, str(i), path, err)
+            if item is None:
+                raise err(f"{path}: HDF5 solver state lacks history/{i}")
+            where = f"history blob {i}"
+            blobs.append(
+                hdf5_read.read_dataset(item, path, err, where, max_bytes=max_bytes, dtype="f4")
             )
-    except KeyError as err:
-        raise WeightsError(f"{path}: HDF5 solver state lacks {err}") from None
+        return SolverStateFile(
+            _scalar(f, "iter", path, required=True),
+            _learned_hdf5(f, path),
+            _scalar(f, "current_step", path, required=False),
+            blobs,
+        )
+
+
+def _scalar(f: h5py.File, name: str, path: Path, *, required: bool) -> int:
+    item = hdf5_read.child(f, name, path, WeightsError)
+    if item is None:
+        if required:
+            raise WeightsError(f"{path}: HDF5 solver state lacks '{name}'")
+        return 0
+    values = hdf5_read.read_dataset(item, path, WeightsError, name, max_bytes=64, kinds="iu")
+    if values.size != 1:
+        raise WeightsError(f"{path}: '{name}' holds {values.size} values, not 1")
+    return int(values.ravel()[0])
+
+
+def _learned_hdf5(f: h5py.File, path: Path) -> str:
+    item = hdf5_read.child(f, "learned_net", path, WeightsError)
+    if item is None:
+        return ""
+    with hdf5_read.hdf5_errors(path, WeightsError, "learned_net"):
+        if not isinstance(item, h5py.Dataset) or item.dtype.kind not in "SO" or item.shape != ():
+            raise WeightsError(f"{path}: learned_net is not a string")
+        value = item[()]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise WeightsError(f"{path}: learned_net is not UTF-8 text") from None
+    if not isinstance(value, str):
+        raise WeightsError(f"{path}: learned_net is not a string")
+    return value

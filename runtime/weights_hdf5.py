@@ -15,6 +15,7 @@ integer data is accepted and cast.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import numpy as np
 
 from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_path
+from caffe2jax.runtime import hdf5_read
 from caffe2jax.runtime.blob import RawBlob, aligned_empty
 
 if TYPE_CHECKING:
@@ -46,48 +48,47 @@ def is_hdf5(path: str | os.PathLike) -> bool:
 
 @contextmanager
 def _open(path: Path) -> Iterator[h5py.Group]:
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as err:
-        raise WeightsError(f"{path}: cannot read HDF5 weights ({err})") from None
-    with handle:
-        data = handle.get("data")
+    with hdf5_read.open_hdf5(path, WeightsError, "weights") as handle:
+        data = hdf5_read.child(handle, "data", path, WeightsError)
         if not isinstance(data, h5py.Group):
             raise WeightsError(f"{path}: HDF5 file without a 'data' group: not Caffe weights")
         yield data
+
+
+def _layers(path: Path, data: h5py.Group) -> list[tuple[str, Any]]:
+    return hdf5_read.members(data, path, WeightsError)
 
 
 def _datasets(path: Path, group: Any, name: str) -> dict[int, h5py.Dataset]:
     if not isinstance(group, h5py.Group):
         raise WeightsError(f"{path}: data/{name} is not a group: not Caffe weights")
     out = {}
-    for key, item in group.items():
-        if not (key.isdigit() and isinstance(item, h5py.Dataset)):
-            raise WeightsError(f"{path}: data/{name}/{key} is not a blob dataset named by index")
+    for key, item in hdf5_read.members(group, path, WeightsError):
+        if not (key.isdigit() and len(key) < 10 and isinstance(item, h5py.Dataset)):
+            raise WeightsError(
+                f"{path}: data/{name}/{key[:40]} is not a blob dataset named by index"
+            )
         out[int(key)] = item
     return out
 
 
-def _raw(path: Path, layer: str, index: int, dataset: h5py.Dataset) -> RawBlob:
-    if dataset.dtype.kind not in "fiu":
-        raise WeightsError(
-            f"{path}: layer '{layer}' blob {index} holds {dataset.dtype}, not numbers"
-        )
-    values = aligned_empty(dataset.size, dataset.dtype.newbyteorder("="))
-    if values.size:
-        dataset.read_direct(values.reshape(dataset.shape))
-    return RawBlob(tuple(int(d) for d in dataset.shape), False, values)
+def _raw(path: Path, layer: str, index: int, dataset: h5py.Dataset, max_bytes: int) -> RawBlob:
+    where = f"layer '{layer}' blob {index}"
+    shape = hdf5_read.check_dataset(dataset, path, WeightsError, where, max_bytes=max_bytes)
+    values = aligned_empty(math.prod(shape), dataset.dtype.newbyteorder("="))
+    hdf5_read.read_dataset(dataset, path, WeightsError, where, max_bytes=max_bytes, out=values)
+    return RawBlob(shape, False, values)
 
 
 def copy_from_hdf5(path: Path, target: Target) -> None:
     """Net::CopyTrainedLayersFromHDF5 into ``target``."""
     with _open(path) as data:
-        for name in sorted(data.keys(), key=lambda s: s.encode("utf-8")):
+        for name, group in _layers(path, data):
             key = target.find(name, last=True)
             if key is None:
                 target.ignored(name)
                 continue
-            blobs = _datasets(path, data[name], name)
+            blobs = _datasets(path, group, name)
             count = target.blob_count(key)
             if len(blobs) > count:
                 target.count_mismatch(key, len(blobs), "")
@@ -96,26 +97,33 @@ def copy_from_hdf5(path: Path, target: Target) -> None:
                     if target.is_shared(key, j):
                         continue
                     target.count_mismatch(key, len(blobs), "")
-                target.put(key, j, _raw(path, name, j, blobs[j]), exact=True)
+                limit = math.prod(target.graph.decls[key][j].shape) * 8  # float64 at most
+                target.put(key, j, _raw(path, name, j, blobs[j], limit), exact=True)
 
 
 @contextmanager
 def open_raw(path: Path) -> Iterator[list[tuple[str, list[tuple[tuple[int, ...], Callable]]]]]:
     """Every layer group with its blobs as ``(shape, get values)``, read when asked (for
     converting without a net). Valid inside the ``with`` block."""
+    limit = hdf5_read.host_limit()
     with _open(path) as data:
         layers = []
-        for name in sorted(data.keys(), key=lambda s: s.encode("utf-8")):
-            blobs = _datasets(path, data[name], name)
+        for name, group in _layers(path, data):
+            blobs = _datasets(path, group, name)
             if sorted(blobs) != list(range(len(blobs))):
                 raise WeightsError(f"{path}: layer '{name}' has blob datasets {sorted(blobs)}")
-            layers.append((name, [_lazy(path, name, j, blobs[j]) for j in range(len(blobs))]))
+            layers.append(
+                (name, [_lazy(path, name, j, blobs[j], limit) for j in range(len(blobs))])
+            )
         yield layers
 
 
-def _lazy(path: Path, name: str, j: int, dataset: h5py.Dataset) -> tuple[tuple[int, ...], Callable]:
-    shape = tuple(int(d) for d in dataset.shape)
-    return shape, lambda: _raw(path, name, j, dataset).values.reshape(shape)
+def _lazy(
+    path: Path, name: str, j: int, dataset: h5py.Dataset, limit: int
+) -> tuple[tuple[int, ...], Callable]:
+    where = f"layer '{name}' blob {j}"
+    shape = hdf5_read.check_dataset(dataset, path, WeightsError, where, max_bytes=limit)
+    return shape, lambda: _raw(path, name, j, dataset, limit).values.reshape(shape)
 
 
 def write_hdf5(path: Path, layers: Iterable[tuple[str, Sequence[BlobSource]]]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from caffe2jax.fileio import refuse_overwrite
 from caffe2jax.runtime.data.db import BACKENDS
 from caffe2jax.runtime.data.tools import compute_image_mean
 
@@ -19,10 +20,13 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("db", metavar="DB")
     parser.add_argument("out", metavar="OUT.binaryproto", nargs="?", default=None)
     parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
+    parser.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        refuse_overwrite(args.out, args.force)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     mean = compute_image_mean(args.db, args.out, backend=args.backend)
     if args.out is not None:

@@ -7,6 +7,7 @@ import argparse
 from caffe2jax.api import compile as compile_net
 from caffe2jax.commands.summary import parse_shapes
 from caffe2jax.errors import CaffeError
+from caffe2jax.fileio import refuse_overwrite
 from caffe2jax.runtime.export import describe, export_forward, save_exported
 from caffe2jax.runtime.weights import load_weights
 
@@ -24,6 +25,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")
     p.add_argument("--out", required=True, help="file to write")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument(
         "--input-shape",
         action="append",
@@ -41,6 +43,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_overwrite(args.out, args.force)
     try:
         shapes = parse_shapes(args.input_shape)
     except ValueError:
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     model = compile_net(args.model, phase=args.phase, input_shapes=shapes or None)
     params, state = load_weights(args.weights, model)
     exported = export_forward(model, params, state, platforms=args.platform or None)
-    path = save_exported(args.out, exported)
+    path = save_exported(args.out, exported, overwrite=args.force)
     info = describe(exported)
     print(
         f"Wrote {path}: inputs {info['inputs']} -> outputs {info['outputs']} "

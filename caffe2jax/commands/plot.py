@@ -41,6 +41,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="plot loss and test outputs from a training log to PNG")
     p.add_argument("log", help="log written by caffe2jax train (or Caffe)")
     p.add_argument("out", help="PNG file to write")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(func=run)
 
 
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         raise CaffeError("plotting needs matplotlib: pip install 'caffe2jax[plot]'") from None
+    from caffe2jax.fileio import atomic_path, refuse_overwrite
+
+    refuse_overwrite(args.out, args.force)
     path = Path(args.log)
     if not path.is_file():
         raise CaffeError(f"{path}: log file not found")
@@ -79,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     loss_ax.legend(loc="upper center")
     loss_ax.set_title(path.stem)
     fig.tight_layout()
-    from caffe2jax.fileio import atomic_path
-
-    with atomic_path(args.out) as tmp:
+    with atomic_path(args.out, overwrite=args.force) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
     print(f"Wrote {args.out}")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from caffe2jax import ir
 from caffe2jax.api import Model
-from caffe2jax.errors import DataError, InputShapeError
+from caffe2jax.errors import CaffeError, DataError, InputShapeError
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.runtime.feeding import Feeder
+from caffe2jax.runtime.feeding import PIPELINE_TYPES, MemoryData
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -30,10 +30,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``BLOB=D0,D1,...`` options as shapes (non-negative dims); a CaffeError otherwise."""
     shapes = {}
     for item in items:
         name, _, dims = item.partition("=")
-        shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            shape = (-1,)
+        if not name or any(d < 0 for d in shape):
+            raise CaffeError(f"bad --input-shape {item[:80]!r}: use BLOB=D0,D1,... (dims >= 0)")
+        shapes[name] = shape
     return shapes
 
 
@@ -70,15 +77,28 @@ def summary_lines(net: ir.Net) -> list[str]:
 
 def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
     """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
-    ``({}, reason)`` when a source cannot be opened here."""
-    try:
-        feeder = Feeder(net, base_dir)
-    except DataError as err:
-        return {}, str(err)
-    try:
-        return feeder.input_shapes(), ""
-    finally:
-        feeder.close()
+    ``({}, reason)`` when a source cannot be opened here. No prefetching starts (a huge
+    declared batch is reported by the size check, never read)."""
+    from caffe2jax.runtime.data import make_source
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in net.layers:
+        if layer.type == "MemoryData":
+            source = MemoryData(layer)
+        elif layer.type in PIPELINE_TYPES:
+            try:
+                source = make_source(layer.param, net.phase, base_dir=base_dir)
+            except DataError as err:
+                return {}, str(err)
+        else:
+            continue
+        try:
+            shapes.update(zip(layer.top_names, source.top_shapes()))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+    return shapes, ""
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,9 +11,10 @@ import argparse
 import time
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
 from caffe2jax import logs
+from caffe2jax.errors import CaffeError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -37,24 +38,40 @@ def _timed(fn, iterations: int) -> float:
     return (time.perf_counter() - start) / iterations * 1e3
 
 
+def device_inputs(model, key: jax.Array) -> dict[str, jax.Array]:
+    """Random inputs made on the device (no host copy); ``label*`` blobs are zeros, valid
+    class indices for loss layers."""
+    names = list(model.inputs)
+    keys = jax.random.split(key, max(len(names), 1))
+
+    def make(name: str, k: jax.Array) -> jax.Array:
+        shape = model.inputs[name]
+        if name.startswith("label"):
+            return jnp.zeros(shape, model.dtype)
+        return jax.random.normal(k, shape, model.dtype)
+
+    return {n: jax.jit(make, static_argnums=0)(n, k) for n, k in zip(names, keys)}
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from caffe2jax.api import Model
     from caffe2jax.commands.summary import parse_shapes, source_shapes
     from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.runtime.memory import check_net_fits
 
+    if args.iterations <= 0:
+        raise CaffeError(f"--iterations must be > 0, got {args.iterations}")
     log = logs.setup(None)
     net = load_net(args.model, args.phase)
     shapes, _ = source_shapes(net, Path(args.model).parent)
     shapes.update(parse_shapes(args.input_shape))
     model = Model(net, shapes)
+    # forward activations, their gradients and the params' values and gradients
+    check_net_fits(model.net, itemsize=8, params=model.graph.decls)
     params, state = model.init(0)
-    rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in model.inputs.items()}
-    for name in inputs:  # labels must be valid class indices for loss layers
-        if name.startswith("label"):
-            inputs[name] = np.zeros_like(inputs[name])
+    inputs = device_inputs(model, jax.random.key(1))
     key = jax.random.key(0)
     forward = jax.jit(lambda p, s, x: model.apply(p, s, x, key)[0])
     backward = jax.jit(jax.grad(lambda p, s, x: model.loss(p, s, x, key)[0]))

@@ -95,6 +95,8 @@ def blobproto_to_array(blob: caffe_pb2.BlobProto, *, where: str = "BlobProto") -
         shape: tuple[int, ...] = (blob.num, blob.channels, blob.height, blob.width)
     else:
         shape = tuple(int(d) for d in blob.shape.dim)
+    if any(d < 0 for d in shape):  # Blob::Reshape: CHECK_GE(shape[i], 0)
+        raise DataError(f"{where}: blob shape {list(shape)[:8]} has a negative dimension")
     values = blob.double_data if len(blob.double_data) else blob.data
     count = int(np.prod(shape)) if shape else 1
     if len(values) != count:

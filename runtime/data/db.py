@@ -10,8 +10,10 @@ database under a temporary name that is renamed into place only once complete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -78,23 +80,30 @@ class Database:
         if self.backend == "lmdb" and not is_lmdb and (self.path / "CURRENT").exists():
             raise DataError(f"{self.path} is a LevelDB but the backend is LMDB")
 
+    def _faults(self):
+        """A read failure (a corrupt page, a LevelDB checksum) as a DataError naming the DB."""
+        return _db_faults(self.path, self.backend)
+
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All (key, value) pairs in key order."""
-        if self.backend == "lmdb":
-            yield from self._txn.cursor().iternext(keys=True, values=True)
-        else:
-            yield from self._db.iterator()
+        with self._faults():
+            if self.backend == "lmdb":
+                yield from self._txn.cursor().iternext(keys=True, values=True)
+            else:
+                yield from self._db.iterator()
 
     def keys(self) -> Iterator[bytes]:
         """All keys in key order."""
-        if self.backend == "lmdb":
-            yield from self._txn.cursor().iternext(keys=True, values=False)
-        else:
-            yield from self._db.iterator(include_value=False)
+        with self._faults():
+            if self.backend == "lmdb":
+                yield from self._txn.cursor().iternext(keys=True, values=False)
+            else:
+                yield from self._db.iterator(include_value=False)
 
     def get(self, key: bytes) -> bytes:
         """The value stored under ``key``."""
-        value = self._txn.get(key) if self.backend == "lmdb" else self._db.get(key)
+        with self._faults():
+            value = self._txn.get(key) if self.backend == "lmdb" else self._db.get(key)
         if value is None:
             raise DataError(f"{self.path}: no record {key!r}")
         return value
@@ -107,10 +116,68 @@ class Database:
             self._db.close()
 
 
+@contextlib.contextmanager
+def _db_faults(path: Path, backend: str) -> Iterator[None]:
+    try:
+        yield
+    except DataError:
+        raise
+    except Exception as err:  # lmdb.Error, plyvel.Error and their subclasses
+        if type(err).__module__.split(".")[0] not in ("lmdb", "plyvel"):
+            raise
+        text = " ".join(str(err).split())[:120]
+        raise DataError(f"{path}: {backend} database is corrupt ({text})") from None
+
+
 # py-lmdb opens an environment once per process: sources reading the same LMDB (a TRAIN and a
 # TEST net, say) share it, each with its own read transaction.
 _LMDB_ENVS: dict[Path, list] = {}
 _LMDB_LOCK = threading.Lock()
+
+
+_MDB_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<II16xI2x90xQQ")  # magic, version, (psize @40), last_pg, txnid @136
+_PAGE_HEADER = 16
+
+
+def check_lmdb_file(path: Path) -> None:
+    """Check ``data.mdb`` against its meta pages before it is mapped: LMDB reads pages straight
+    from the map, so a file shorter than its newest meta page's ``(last_pg + 1) × psize``
+    would end the process with SIGBUS on the first read past its end (mdb.c's meta layout:
+    ``MDB_meta`` after a 16-byte page header, page size in ``mm_dbs[FREE_DBI].md_pad``)."""
+    data = path / "data.mdb"
+    if not data.is_file():
+        raise DataError(f"{path}: cannot open lmdb database (no data.mdb file in it)")
+    try:
+        size = data.stat().st_size
+        with open(data, "rb") as handle:
+            first = handle.read(_PAGE_HEADER + _META.size)
+            metas = [_meta(first)]
+            if metas[0] is not None:
+                handle.seek(metas[0][1])
+                metas.append(_meta(handle.read(_PAGE_HEADER + _META.size)))
+    except OSError as err:
+        raise DataError(f"{path}: cannot open lmdb database ({err.strerror})") from None
+    valid = [m for m in metas if m is not None]
+    if not valid:
+        raise DataError(f"{path}: data.mdb is not an LMDB file (no LMDB meta page)")
+    txnid, psize, last_pg = max(valid)
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise DataError(
+            f"{path}: data.mdb is truncated ({size} bytes, its header needs {need}); "
+            "the database was not copied whole"
+        )
+
+
+def _meta(page: bytes) -> tuple[int, int, int] | None:
+    """(txnid, page size, last page) of a meta page, None when it is not one."""
+    if len(page) < _PAGE_HEADER + _META.size:
+        return None
+    magic, version, psize, last_pg, txnid = _META.unpack_from(page, _PAGE_HEADER)
+    if magic != _MDB_MAGIC or version != 1 or psize < 512 or psize & (psize - 1):
+        return None
+    return txnid, psize, last_pg
 
 
 def _acquire_lmdb(path: Path):
@@ -119,6 +186,7 @@ def _acquire_lmdb(path: Path):
     key = path.resolve()
     with _LMDB_LOCK:
         if key not in _LMDB_ENVS:
+            check_lmdb_file(key)
             env = lmdb.open(str(key), readonly=True, lock=False, readahead=False, max_readers=64)
             _LMDB_ENVS[key] = [env, 0]
         _LMDB_ENVS[key][1] += 1

@@ -11,21 +11,27 @@ the rows of each file whenever it is loaded and whenever its last row has been r
 refuses a ``transform_param`` on this layer.
 
 HDF5Output writes its two bottoms to datasets "data" and "label" (whatever the bottoms are
-called) in Caffe's legacy 4-D layout (N, C, H, W), missing trailing axes set to 1; the file is
-truncated when the sink is created. Caffe can write only once (its second forward fails because
-the datasets exist); this sink appends the rows of every later write instead.
+called) in Caffe's legacy 4-D layout (N, C, H, W), missing trailing axes set to 1. Caffe
+truncates the file when the layer is set up; this sink writes a temporary file beside it and
+renames it over ``file_name`` when closed (atomic: an earlier file survives a crash). Caffe
+can write only once (its second forward fails because the datasets exist); this sink appends
+the rows of every later write instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from caffe2jax.errors import DataError
+from caffe2jax.errors import CaffeError, DataError
+from caffe2jax.fileio import atomic_path
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime import hdf5_read
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
 from caffe2jax.runtime.data.sources import (
     DataSource,
@@ -36,22 +42,21 @@ from caffe2jax.runtime.data.sources import (
 
 
 def load_hdf5_tops(path: Path, names: Sequence[str]) -> list[np.ndarray]:
-    """The datasets ``names`` of one file as float32 arrays with equal row counts."""
+    """The datasets ``names`` of one file as float32 arrays with equal row counts (Caffe's
+    hdf5_load_nd_dataset, checked before anything is allocated)."""
     arrays = []
-    try:
-        with h5py.File(path, "r") as handle:
-            for name in names:
-                if name not in handle or not isinstance(handle[name], h5py.Dataset):
-                    raise DataError(f"{path}: no dataset {name!r} (named by a top)")
-                dataset = handle[name]
-                if dataset.dtype.kind not in "fiub" or dataset.ndim < 1:
-                    raise DataError(
-                        f"{path}: dataset {name!r} must be numeric with at least 1 axis "
-                        f"(is {dataset.dtype}, {dataset.ndim}-D)"
-                    )
-                arrays.append(np.asarray(dataset[()], dtype=np.float32))
-    except OSError as err:
-        raise DataError(f"{path}: failed opening HDF5 file ({err})") from err
+    limit = hdf5_read.host_limit()
+    with hdf5_read.open_hdf5(path, DataError, "HDF5Data file") as handle:
+        for name in names:
+            dataset = hdf5_read.child(handle, name, path, DataError)
+            if not isinstance(dataset, h5py.Dataset):
+                raise DataError(f"{path}: no dataset {name!r} (named by a top)")
+            where = f"dataset {name!r}"
+            kw = {"max_bytes": limit, "kinds": "fiub", "min_rank": 1}
+            shape = hdf5_read.check_dataset(dataset, path, DataError, where, **kw)
+            if math.prod(shape) * 4 > limit:  # read as float32
+                raise DataError(f"{path}: {where} of shape {list(shape)} does not fit in memory")
+            arrays.append(hdf5_read.read_dataset(dataset, path, DataError, where, **kw, dtype="f4"))
     rows = {a.shape[0] for a in arrays}
     if len(rows) != 1 or 0 in rows:
         raise DataError(f"{path}: datasets {list(names)} need the same, non-zero number of rows")
@@ -168,10 +173,15 @@ class HDF5OutputSink:
             raise DataError(f"layer {layer.name!r}: hdf5_output_param.file_name is empty")
         path = Path(name)
         self.path = path if path.is_absolute() or out_dir is None else Path(out_dir) / path
+        # Written beside the target and renamed over it on close: a reader never sees a
+        # half-written file and an interrupted run leaves any earlier file intact.
+        self._stack = contextlib.ExitStack()
         try:
-            self._file = h5py.File(self.path, "w")
-        except OSError as err:
-            raise DataError(f"{self.path}: cannot create HDF5 file ({err})") from err
+            tmp = self._stack.enter_context(atomic_path(self.path))
+            self._file = h5py.File(tmp, "w-")
+        except (OSError, CaffeError) as err:
+            self._stack.close()
+            raise DataError(f"{self.path}: cannot create HDF5 file ({err})") from None
 
     def write(self, batch: Sequence[np.ndarray]) -> None:
         """Append one (data, label) batch."""
@@ -198,7 +208,10 @@ class HDF5OutputSink:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file and move it into place (idempotent)."""
+        if self._file.id.valid:
+            self._file.close()
+        self._stack.close()
 
     def __enter__(self) -> HDF5OutputSink:
         return self

@@ -138,7 +138,10 @@ def test_unknown_type_names_layer_type_and_supported_list():
     with pytest.raises(NetError) as err:
         caffe2jax.compile(text)
     message = str(err.value)
-    assert "layer 'odd'" in message and "'Frobnicate'" in message and "Convolution" in message
+    assert "layer 'odd'" in message and "'Frobnicate'" in message and len(message) < 200
+    assert "registered_types()" in message and "Convolution" in registered_types()
+    with pytest.raises(NetError, match=r"'Convolutoin' \(did you mean 'Convolution'\?\)"):
+        caffe2jax.compile(text.replace("Frobnicate", "Convolutoin"))
 
 
 def test_wrong_bottom_count_is_refused():

@@ -240,3 +240,11 @@ def test_sparse_works_on_one_axis_blobs_and_zero_keeps_nothing():
     assert np.all(ours(dense, (10,)) != 0)  # p = 10/10 keeps all
     none = caffe_pb2.FillerParameter(type="gaussian", sparse=0)
     assert not np.any(ours(none, (6, 3)))
+
+
+@pytest.mark.parametrize("kind", ["xavier", "msra", "gaussian", "uniform", "constant"])
+def test_zero_size_blob_fills_nothing(kind):
+    """A blob with a 0 axis (``dim: -0`` in a prototxt) has no values: xavier/msra's
+    sqrt(3 / fan) must not divide by its zero fan."""
+    out = fill(caffe_pb2.FillerParameter(type=kind), (2, 0, 3, 3), jax.random.key(0))
+    assert out.shape == (2, 0, 3, 3)

@@ -3,6 +3,7 @@ overwrite."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -123,3 +124,17 @@ def test_leveldb_without_plyvel_says_how_to_install(tmp_path, monkeypatch):
         Writer(tmp_path / "new", "leveldb")
     assert not (tmp_path / "new").exists()
     assert np.all([not p.name.startswith(".new") for p in tmp_path.iterdir()])
+
+
+def test_truncated_lmdb_is_refused_before_mapping(tmp_path):
+    """A data.mdb cut short (an interrupted copy) would end the process with SIGBUS on the
+    first read past its end: its header is checked first."""
+    write_db(tmp_path / "db", numbered_items(250, (3, 16, 16)), [0] * 250, "lmdb")
+    data = tmp_path / "db" / "data.mdb"
+    full = data.stat().st_size
+    os.truncate(data, full // 2)
+    with pytest.raises(DataError, match=r"data\.mdb is truncated \(\d+ bytes, its header needs"):
+        open_db(tmp_path / "db", "lmdb")
+    os.truncate(data, 100)
+    with pytest.raises(DataError, match="not an LMDB file"):
+        open_db(tmp_path / "db", "lmdb")

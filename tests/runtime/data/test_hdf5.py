@@ -147,3 +147,21 @@ def test_hdf5_output_writes_caffe_layout_and_appends(tmp_path):
             sink.write([np.ones((2, 3)), np.ones(3)])
         with pytest.raises(DataError, match="writes 2 blobs"):
             sink.write([np.ones((2, 3))])
+
+
+def test_hdf5_output_is_written_atomically(tmp_path):
+    sink_layer = layer(
+        'name: "out" type: "HDF5Output" bottom: "feat" bottom: "y" '
+        'hdf5_output_param { file_name: "out.h5" }'
+    )
+    (tmp_path / "out.h5").write_bytes(b"an earlier run's file")
+    sink = make_sink(sink_layer, out_dir=tmp_path)
+    sink.write([np.ones((2, 3), np.float32), np.array([1, 2], np.float32)])
+    # until the sink closes, the earlier file is intact and the new one is a hidden temp file
+    assert (tmp_path / "out.h5").read_bytes() == b"an earlier run's file"
+    assert len(list(tmp_path.glob(".out.h5.*.tmp"))) == 1
+    sink.close()
+    sink.close()  # idempotent
+    assert not list(tmp_path.glob(".out.h5.*.tmp"))
+    with h5py.File(tmp_path / "out.h5") as handle:
+        assert handle["data"].shape == (2, 3, 1, 1)

@@ -152,5 +152,7 @@ def test_cli_converts_with_caffe_style_flags_and_refuses_to_overwrite(tmp_path, 
     out = str(tmp_path / "mean.binaryproto")
     assert run_cli(["compute_image_mean", db, out]) == 0
     assert read_blobproto(out).shape == (1, 1, 4, 4)
-    assert run_cli(["compute_image_mean", str(tmp_path / "nope"), out]) == 1
+    assert run_cli(["compute_image_mean", db, out]) == 1  # an existing OUT needs --force
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert run_cli(["compute_image_mean", str(tmp_path / "nope"), out, "--force"]) == 1
     assert "no such lmdb database" in capsys.readouterr().err

@@ -1,0 +1,266 @@
+"""What each fuzz case reads, and how: one function per kind of Caffe file.
+
+``Seeds`` builds the well-formed originals once per worker (from ../shared/caffe/golden and
+the digits example); ``KINDS[kind](seeds, rng, work)`` writes one mutated file under ``work``
+and runs the reader a user's command would run on it. A case passes when it returns or raises
+a :class:`caffe2jax.errors.CaffeError`.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from tests.fuzz import hdf5_cases
+from tests.fuzz.mutate import mutate_bytes, mutate_text
+from tests.golden import GOLDEN, ROOT, require
+
+FORMATS = GOLDEN / "formats"
+SOLVERS = GOLDEN / "solvers"
+NET_SEEDS = [
+    FORMATS / "format_net.prototxt",
+    SOLVERS / "sgd_fixed" / "net.prototxt",
+    GOLDEN / "nets" / "lenet_train.prototxt",
+    GOLDEN / "nets" / "cifar10_quick_train.prototxt",
+    ROOT / "tests" / "frontend" / "data" / "upgrade_v1_all_types.prototxt",
+    ROOT / "tests" / "frontend" / "data" / "upgrade_v0_net.prototxt",
+]
+SOLVER_SEEDS = ["sgd_fixed", "adam", "sgd_multistep", "nesterov", "sgd_step"]
+POOL_SEED = """name: "pools"
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 9 dim: 9 } } }
+layer { name: "ave" type: "Pooling" bottom: "data" top: "ave"
+        pooling_param { pool: AVE kernel_size: 3 pad: 1 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "ave" top: "ip" param { name: "w" }
+        inner_product_param { num_output: 4 } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ave" top: "ip2" param { name: "w" }
+        inner_product_param { num_output: 4 } }
+"""
+LIMIT = 1 << 30  # the size check's limit in the worker (its address space is 2 GiB)
+
+
+@dataclass
+class Seeds:
+    work: Path
+    nets: list[str]
+    solvers: list[tuple[str, Path]]
+    model: object
+    caffemodel: bytes
+    caffemodel_h5: bytes
+    layers: hdf5_cases.Layers
+    solverstate: bytes
+    solverstate_h5: bytes
+    binaryproto: bytes
+    lmdb: Path
+
+
+def make_seeds(work: Path) -> Seeds:
+    from caffe2jax.api import Model
+    from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.runtime.data.datum import array_to_datum
+    from caffe2jax.runtime.data.db import Writer
+    from caffe2jax.runtime.solverstate import read_solverstate, write_solverstate
+
+    work.mkdir(parents=True, exist_ok=True)
+    nets = [require(p).read_text() for p in NET_SEEDS] + [POOL_SEED]
+    solvers = []
+    for name in SOLVER_SEEDS:
+        folder = require(SOLVERS / name)
+        solvers.append(((folder / "solver.prototxt").read_text(), folder / "net.prototxt"))
+    model = Model(load_net(FORMATS / "format_net.prototxt", "TEST"))
+    state = read_solverstate(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate")
+    write_solverstate(work / "seed.solverstate.h5", state, hdf5=True)
+    db = work / "seed_lmdb"
+    if not db.exists():
+        rng = np.random.default_rng(0)
+        with Writer(db) as writer:
+            for i in range(40):
+                image = rng.integers(0, 255, (1, 8, 8)).astype(np.uint8)
+                writer.put(f"{i:08d}", array_to_datum(image, i % 10).SerializeToString())
+    return Seeds(
+        work=work,
+        nets=nets,
+        solvers=solvers,
+        model=model,
+        caffemodel=(FORMATS / "format_net.caffemodel").read_bytes(),
+        caffemodel_h5=(FORMATS / "format_net.caffemodel.h5").read_bytes(),
+        layers=hdf5_cases.read_layers(FORMATS / "format_net.caffemodel.h5"),
+        solverstate=(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate").read_bytes(),
+        solverstate_h5=(work / "seed.solverstate.h5").read_bytes(),
+        binaryproto=(ROOT / "examples" / "digits" / "digits_mean.binaryproto").read_bytes(),
+        lmdb=db,
+    )
+
+
+def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """summary/time's path: parse, upgrade, filter, build, infer shapes, size check."""
+    from caffe2jax.api import Model
+    from caffe2jax.commands.summary import summary_lines
+    from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.runtime.memory import check_net_fits
+
+    text = mutate_text(rng, rng.choice(seeds.nets), seeds.nets)
+    path = work / "net.prototxt"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    net = load_net(path, rng.choice(["TRAIN", "TEST"]))
+    model = Model(net)
+    summary_lines(model.net)
+    check_net_fits(model.net, itemsize=8, available=LIMIT, params=model.graph.decls)
+
+
+def solver_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """train's pre-flight: read and check the solver, then its train net's size."""
+    from caffe2jax.commands.train import check_train_net_fits
+    from caffe2jax.runtime.solver_setup import check_solver, read_solver_param
+
+    text, net = rng.choice(seeds.solvers)
+    shutil.copy(net, work / "net.prototxt")
+    path = work / "solver.prototxt"
+    path.write_bytes(mutate_text(rng, text, [t for t, _ in seeds.solvers]).encode())
+    param, folder = read_solver_param(path)
+    check_solver(param, str(path))
+    check_train_net_fits(param, folder)
+
+
+def _weights_target(rng: random.Random, seeds: Seeds, path: Path, work: Path) -> None:
+    from caffe2jax.runtime.weights import load_weights
+    from caffe2jax.runtime.weights_convert import convert_weights
+
+    choice = rng.randrange(3)
+    if choice == 0:
+        load_weights(path, seeds.model)
+    else:
+        out = work / ("out.caffemodel.h5" if choice == 1 else "out.caffemodel")
+        out.unlink(missing_ok=True)
+        convert_weights(path, out)
+
+
+def weights_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """A mutated binary .caffemodel: load into the net, or convert without one."""
+    path = work / "w.caffemodel"
+    path.write_bytes(mutate_bytes(rng, seeds.caffemodel))
+    _weights_target(rng, seeds, path, work)
+
+
+def weights_h5_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """A mutated or structurally broken .caffemodel.h5: load into the net, or convert."""
+    path = work / "w.caffemodel.h5"
+    if rng.random() < 0.5:
+        path.write_bytes(mutate_bytes(rng, seeds.caffemodel_h5))
+    else:
+        hdf5_cases.structural(rng, seeds.layers, path, work)
+    _weights_target(rng, seeds, path, work)
+
+
+def _solverstate_h5_defect(rng: random.Random, path: Path) -> None:
+    with h5py.File(path, "r+") as f:
+        choice = rng.randrange(8)
+        if choice == 0:
+            del f["learned_net"]
+            f["learned_net"] = np.bytes_(b"\xff\xfe\x80bad")
+        elif choice == 1:
+            del f["iter"]
+            f["iter"] = rng.choice([np.ones((3,), "i4"), np.bytes_(b"5"), np.ones(1, "f4")])
+        elif choice == 2:
+            del f["history/0"]
+            f.create_dataset("history/0", shape=rng.choice(hdf5_cases.HUGE), dtype="f4")
+        elif choice == 3:
+            f["history/0x"] = h5py.SoftLink("/history")
+            del f["history/0"]
+            f["history/0"] = h5py.SoftLink("/history")
+        elif choice == 4:
+            del f["history/1"]
+            f["history/1"] = h5py.ExternalLink("/etc/passwd", "/")
+        elif choice == 5:
+            del f["history"]
+            f["history"] = np.ones(3, "f4")
+        elif choice == 6:
+            del f["learned_net"]
+            f["learned_net"] = np.ones((2, 2), "f4")
+        else:
+            del f["iter"]
+
+
+def solverstate_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """Solver::Restore's reading of a binary or HDF5 .solverstate."""
+    from caffe2jax.runtime.solverstate import read_solverstate
+
+    path = work / "s.solverstate"
+    choice = rng.randrange(3)
+    if choice == 0:
+        path.write_bytes(mutate_bytes(rng, seeds.solverstate))
+    elif choice == 1:
+        path.write_bytes(mutate_bytes(rng, seeds.solverstate_h5))
+    else:
+        path.write_bytes(seeds.solverstate_h5)
+        _solverstate_h5_defect(rng, path)
+    read_solverstate(path)
+
+
+def binaryproto_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """A mean file (transform_param.mean_file) as Caffe reads it."""
+    from caffe2jax.runtime.data.datum import read_blobproto
+
+    path = work / "mean.binaryproto"
+    path.write_bytes(mutate_bytes(rng, seeds.binaryproto))
+    read_blobproto(path)
+
+
+def lmdb_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
+    """A damaged LMDB copy read record by record as a Data layer reads it: truncated, or with
+    bytes changed in its meta pages or in its records (page structure left alone: LMDB trusts
+    its own page pointers, as Caffe does)."""
+    from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
+    from caffe2jax.runtime.data.db import Cursor, open_db
+
+    db = work / "db"
+    shutil.rmtree(db, ignore_errors=True)
+    shutil.copytree(seeds.lmdb, db)
+    data = bytearray((db / "data.mdb").read_bytes())
+    choice = rng.randrange(3)
+    if choice == 0:
+        cut = rng.choice([0, 7, 100, 4096, 8192, len(data) // 2, len(data) - 4096, len(data) - 1])
+        del data[max(cut, 0) :]
+    elif choice == 1:
+        page = rng.choice([0, 4096])
+        data[page + 16 : page + 160] = mutate_bytes(rng, bytes(data[page + 16 : page + 160]), 1)
+        data[page + 16 : page + 160] = data[page + 16 : page + 160].ljust(144, b"\0")[:144]
+    else:
+        _mutate_records(rng, data)
+    (db / "data.mdb").write_bytes(bytes(data))
+    database = open_db(db, "lmdb")
+    try:
+        cursor = Cursor(database)
+        for _ in range(45):
+            datum = parse_datum(cursor.value, where=f"{db} record {cursor.key!r}")
+            datum_to_array(datum)
+            cursor.next()
+    finally:
+        database.close()
+
+
+def _mutate_records(rng: random.Random, data: bytearray) -> None:
+    """Change bytes inside a stored Datum (found by its encoded 8×8 data field)."""
+    marker = b"\x08\x01\x10\x08\x18\x08"  # channels 1, height 8, width 8
+    starts = [i for i in range(len(data)) if data.startswith(marker, i)]
+    if not starts:
+        return
+    start = rng.choice(starts)
+    span = bytes(data[start : start + 80])
+    mutated = mutate_bytes(rng, span)[: len(span)].ljust(len(span), b"\0")
+    data[start : start + len(span)] = mutated
+
+
+KINDS = {
+    "net": net_case,
+    "solver": solver_case,
+    "weights": weights_case,
+    "weights_h5": weights_h5_case,
+    "solverstate": solverstate_case,
+    "binaryproto": binaryproto_case,
+    "lmdb": lmdb_case,
+}
