@@ -24,7 +24,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "Model": ("caffe2jax.api", "Model"),
     "compile": ("caffe2jax.api", "compile"),
     "Blob": ("caffe2jax.blob", "Blob"),
-    "CaffeError": ("caffe2jax.errors", "CaffeError"),
+    "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
     "set_device": ("caffe2jax.mode", "set_device"),
     "set_mode_cpu": ("caffe2jax.mode", "set_mode_cpu"),

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from caffe2jax import ir
+from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering.graph import Graph, Params
 

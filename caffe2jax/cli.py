@@ -1,7 +1,7 @@
 """The `caffe2jax` command line, shaped like Caffe's `caffe` tool.
 
 Each subcommand lives in ``caffe2jax/commands/<name>.py`` with ``add(subparsers)``. User
-errors (:class:`caffe2jax.errors.CaffeError`, missing files) print one line and exit 1.
+errors (:class:`caffe2jax.frontend.errors.CaffeError`, missing files) print one line and exit 1.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 from caffe2jax import __version__
 from caffe2jax.commands import COMMANDS
-from caffe2jax.errors import CaffeError, one_line
+from caffe2jax.frontend.errors import CaffeError, one_line
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ import numpy as np
 
 from caffe2jax import io
 from caffe2jax.classifier import make_transformer
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.pycaffe import TEST, Net
 
 

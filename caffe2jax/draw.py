@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from caffe2jax.errors import CaffeError
 from caffe2jax.fileio import atomic_write
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}

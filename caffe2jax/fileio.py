@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 
 
 def temp_beside(path: Path) -> Path:

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data import datum as _datum
 from caffe2jax.runtime.data.datum import (
     datum_to_array,

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.devices import last_mesh, local_slots
 
 _INSTEAD = (

@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.logs import LOGGER, GlogFormatter
 
 # glog's minloglevel: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL.

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax import ir
 from caffe2jax.api import Model
 from caffe2jax.blob import Blob
-from caffe2jax.errors import CaffeError, NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
 from caffe2jax.lowering.registry import is_carry

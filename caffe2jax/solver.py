@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from caffe2jax.errors import SolverError
+from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.pycaffe import Net
 from caffe2jax.runtime import solvers

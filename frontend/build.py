@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from types import MappingProxyType
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.blob_counts import check_blob_counts
+from caffe2jax.frontend.errors import NetError
 
 
 def _layer_lines(text: str) -> dict[str, int]:

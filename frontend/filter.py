@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from caffe2jax.errors import NetError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import NetError
 
 PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
 

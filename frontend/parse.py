@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from google.protobuf import message, text_format
 
-from caffe2jax.errors import PrototxtError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import PrototxtError
 
 M = TypeVar("M", bound=message.Message)
 

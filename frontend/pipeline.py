@@ -6,8 +6,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.build import build_net
 from caffe2jax.frontend.filter import filter_net, make_state
 from caffe2jax.frontend.parse import read_net

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from caffe2jax import ir
+from caffe2jax.frontend import ir
 
 SPLIT = "#split"
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from google.protobuf import text_format
 
-from caffe2jax.errors import PrototxtError, SolverError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import PrototxtError, SolverError
 from caffe2jax.frontend.upgrade_v0 import net_needs_v0_upgrade, upgrade_v0_net
 
 V1 = caffe_pb2.V1LayerParameter

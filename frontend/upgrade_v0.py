@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from google.protobuf import message
 
-from caffe2jax.errors import PrototxtError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import PrototxtError
 
 V1 = caffe_pb2.V1LayerParameter
 

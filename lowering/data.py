@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from caffe2jax.errors import NetError
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.errors import NetError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import NetError
 
 Shape = tuple[int, ...]
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from caffe2jax import ir
-from caffe2jax.errors import InputShapeError, NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.registry import (

@@ -25,8 +25,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from jax import lax
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import canonical_axis, count, fail
 

@@ -28,8 +28,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import count, fail
 

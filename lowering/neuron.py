@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.registry import Context, ParamDecl, Shape, register
 from caffe2jax.lowering.util import fail
 

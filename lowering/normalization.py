@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from caffe2jax import ir
+from caffe2jax.frontend import ir
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import count, fail
 

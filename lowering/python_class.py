@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.registry import ParamDecl, Shape
 
 SNAPSHOTS_KEPT = 64

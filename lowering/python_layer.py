@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from caffe2jax import ir
+from caffe2jax.frontend import ir
 from caffe2jax.lowering import python_class
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import fail

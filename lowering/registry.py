@@ -28,8 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 
 Shape = tuple[int, ...]
 

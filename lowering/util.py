@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 
 
 def fail(layer: ir.Layer, problem: str) -> NetError:

@@ -30,8 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import canonical_axis, fail
 

@@ -28,7 +28,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from caffe2jax.errors import SolverError
+from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime.devices import (
     DATA,

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 
 DATA = "data"
 DEFAULT_TIMEOUT_S = 60

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 from jax import export
 
-from caffe2jax.errors import CaffeError
 from caffe2jax.fileio import atomic_write
+from caffe2jax.frontend.errors import CaffeError
 
 if TYPE_CHECKING:
     from caffe2jax.api import Model

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax import ir
-from caffe2jax.errors import DataError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.lowering.data import PIPELINE_TYPES
 
 

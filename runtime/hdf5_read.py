@@ -12,7 +12,7 @@ dtype class and then allocates whatever the file declares. Here every dataset is
 
 Soft links, external links, external raw storage and virtual datasets are refused (Caffe's
 files never use them; following them reads files the user did not name). Every h5py/HDF5
-failure becomes the caller's :class:`~caffe2jax.errors.CaffeError` subclass with one line
+failure becomes the caller's :class:`~caffe2jax.frontend.errors.CaffeError` subclass with one line
 naming the file and the object (layer/blob) being read.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.memory import available_memory
 
 # Declared bytes per stored byte. Trained float weights hardly compress (~1.1:1); a blob of

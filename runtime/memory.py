@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from caffe2jax.errors import NetError
+from caffe2jax.frontend.errors import NetError
 
 GIB = 1 << 30
 

@@ -21,11 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from caffe2jax import ir
 from caffe2jax.api import Model
-from caffe2jax.errors import SolverError
 from caffe2jax.fileio import atomic_write, remove_stale_temps
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.errors import SolverError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
 from caffe2jax.lowering.registry import is_carry

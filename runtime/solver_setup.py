@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from caffe2jax.errors import CaffeError, SolverError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError, SolverError
 from caffe2jax.frontend.parse import read_message, read_net
 from caffe2jax.frontend.upgrade import upgrade_solver
 from caffe2jax.runtime.solver_rules import SOLVER_RULES, SOLVER_TYPES  # noqa: F401

@@ -15,9 +15,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_path, atomic_write
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime import hdf5_read
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"

@@ -4,8 +4,8 @@ Loading is Caffe's Net::CopyTrainedLayersFrom (BVLC src/caffe/net.cpp): layers a
 name; a net layer the file lacks keeps its value (from the ``params``/``state`` given, else
 ``model.init(0)``); a file layer the net lacks is ignored (logged at debug level); the blob count
 must be equal and every blob must pass Blob::ShapeEquals (legacy 4-D dims padded with leading
-1s, see :mod:`caffe2jax.runtime.blob`), else :class:`~caffe2jax.errors.WeightsError`. A blob
-of a layer that shares a param (``param { name }``) lands in the owner's slot, since in Caffe
+1s, see :mod:`caffe2jax.runtime.blob`), else :class:`~caffe2jax.frontend.errors.WeightsError`.
+A blob of a layer that shares a param (``param { name }``) lands in the owner's slot, since in Caffe
 the two are one storage. The binary format copies into the first net layer of a name, the HDF5
 one into the last (Caffe's linear search vs ``layer_names_index_``). The format is recognised by
 its bytes (HDF5's signature), not by the file name.
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_stream
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.lowering.registry import carry_key
 from caffe2jax.runtime import weights_hdf5
 from caffe2jax.runtime.blob import RawBlob, Scanner, WireError, read_blob

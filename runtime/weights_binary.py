@@ -22,8 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from caffe2jax import ir
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.blob import (

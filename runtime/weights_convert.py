@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_stream
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime import weights_hdf5
 from caffe2jax.runtime.blob import Scanner, WireError, read_blob
 from caffe2jax.runtime.weights import (

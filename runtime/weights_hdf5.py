@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from caffe2jax.errors import WeightsError
 from caffe2jax.fileio import atomic_path
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime import hdf5_read
 from caffe2jax.runtime.blob import RawBlob, aligned_empty
 

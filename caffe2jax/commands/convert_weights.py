@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from caffe2jax.api import compile as compile_net
-from caffe2jax.errors import WeightsError
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.weights import format_for
 from caffe2jax.runtime.weights_convert import convert_weights
 

@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 
 from caffe2jax import draw
-from caffe2jax.errors import CaffeError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.frontend.pipeline import load_param
 
 FORMATS = ("dot", "gv", "png", "svg", "pdf")

@@ -6,8 +6,8 @@ import argparse
 
 from caffe2jax.api import compile as compile_net
 from caffe2jax.commands.summary import parse_shapes
-from caffe2jax.errors import CaffeError
 from caffe2jax.fileio import refuse_overwrite
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.export import describe, export_forward, save_exported
 from caffe2jax.runtime.weights import load_weights
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 
 _TRAIN = re.compile(r"Iteration (\d+)(?: \(.*\))?, loss = ([-\d.e+naif]+)")
 _TESTING = re.compile(r"Iteration (\d+), Testing net \(#(\d+)\)")

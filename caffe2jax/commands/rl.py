@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from caffe2jax.errors import CaffeError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.rl import envs
 from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
 from caffe2jax.runtime.solverstate import snapshot_name

@@ -6,9 +6,9 @@ import argparse
 import math
 from pathlib import Path
 
-from caffe2jax import ir
 from caffe2jax.api import Model
-from caffe2jax.errors import CaffeError, DataError, InputShapeError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.runtime.feeding import PIPELINE_TYPES, MemoryData
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from caffe2jax import logs
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from caffe2jax import logs
-from caffe2jax.errors import CaffeError, SolverError
+from caffe2jax.frontend.errors import CaffeError, SolverError
 
 
 def add(sub: argparse._SubParsersAction) -> None:

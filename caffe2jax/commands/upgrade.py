@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from caffe2jax.errors import PrototxtError
 from caffe2jax.fileio import atomic_write
+from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.parse import read_net, read_solver
 from caffe2jax.frontend.upgrade import upgraded_text
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 
 _LABEL = re.compile(r"[+-]?\d+")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 
 MODES = ("native", "color", "gray")
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}

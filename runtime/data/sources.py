@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.lowering.data import PIPELINE_TYPES
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.db import Cursor, open_db

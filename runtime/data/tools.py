@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import (
     array_to_datum,
     datum_to_array,

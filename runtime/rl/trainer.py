@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax import ir
 from caffe2jax.api import Model
 from caffe2jax.api import compile as compile_net
+from caffe2jax.frontend import ir
 from caffe2jax.lowering import memory_loss  # noqa: F401 - registers MemoryLoss
 from caffe2jax.lowering.graph import Params
 from caffe2jax.runtime.rl import config as rl_config

@@ -8,7 +8,7 @@ import pytest
 from jax import export
 
 import caffe2jax
-from caffe2jax.errors import CaffeError
+from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.export import describe, export_forward, load_exported, save_exported
 from caffe2jax.runtime.weights import load_weights
 from tests import cli_runner

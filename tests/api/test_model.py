@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.errors import DataError, NetError
+from caffe2jax.frontend.errors import DataError, NetError
 from caffe2jax.lowering.python_layer import register_python_layer, unregister_python_layer
 from caffe2jax.lowering.registry import registered_types
 from tests.golden import GOLDEN, ROOT, load_npz

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.errors import DataError, NetError
+from caffe2jax.frontend.errors import DataError, NetError
 from tests.golden import GOLDEN, load_npz, require
 
 jax.config.update("jax_default_matmul_precision", "highest")

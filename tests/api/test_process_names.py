@@ -8,8 +8,8 @@ import time
 import pytest
 
 import caffe2jax as caffe
-from caffe2jax.errors import CaffeError
 from caffe2jax.frontend import caffe_pb2 as generated
+from caffe2jax.frontend.errors import CaffeError
 
 
 def test_proto_is_the_one_generated_module():

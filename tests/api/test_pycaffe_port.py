@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 import caffe2jax as caffe
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 from tests.golden import GOLDEN
 
 DEPLOY = GOLDEN / "nets" / "lenet_deploy.prototxt"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.errors import SolverError
+from caffe2jax.frontend.errors import SolverError
 from tests.golden import GOLDEN, load_npz, require
 
 jax.config.update("jax_default_matmul_precision", "highest")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import load_net
 
 NET = """

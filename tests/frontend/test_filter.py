@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from google.protobuf import text_format
 
-from caffe2jax.errors import NetError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.filter import filter_net, layer_included, make_state, state_meets_rule
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from caffe2jax.errors import PrototxtError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.parse import read_net, read_solver
 from tests.golden import GOLDEN, MODELS
 

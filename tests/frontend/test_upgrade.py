@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from caffe2jax.errors import PrototxtError, SolverError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import PrototxtError, SolverError
 from caffe2jax.frontend.parse import read_net, read_solver
 from caffe2jax.frontend.upgrade import (
     V1_COPIED_PARAMS,

@@ -84,7 +84,7 @@ def _alarm(signum, frame):
 
 
 def _one(fn, seeds, rng, work) -> tuple[str, str]:
-    from caffe2jax.errors import CaffeError
+    from caffe2jax.frontend.errors import CaffeError
 
     signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
     try:

@@ -3,7 +3,7 @@
 ``Seeds`` builds the well-formed originals once per worker (from ../shared/caffe/golden and
 the digits example); ``KINDS[kind](seeds, rng, work)`` writes one mutated file under ``work``
 and runs the reader a user's command would run on it. A case passes when it returns or raises
-a :class:`caffe2jax.errors.CaffeError`.
+a :class:`caffe2jax.frontend.errors.CaffeError`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax import ir
-from caffe2jax.errors import NetError
-from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.registry import lookup
 from tests.lowering.nets import one_layer
 

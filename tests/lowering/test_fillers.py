@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from caffe2jax.errors import NetError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.fillers import fill
 from tests.golden import GOLDEN, load_npz, require
 

@@ -12,7 +12,7 @@ import pytest
 
 import caffe2jax as caffe
 from caffe2jax.api import compile as compile_net
-from caffe2jax.errors import NetError
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.python_class import user_errors
 
 _names = itertools.count()

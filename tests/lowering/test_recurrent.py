@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from caffe2jax.api import compile as compile_net
-from caffe2jax.errors import NetError
+from caffe2jax.frontend.errors import NetError
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from caffe2jax.api import compile as compile_net
-from caffe2jax.errors import NetError
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import pooling
 from caffe2jax.lowering.registry import Context
 

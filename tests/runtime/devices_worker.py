@@ -155,7 +155,7 @@ def pycaffe_names(folder: Path) -> dict:
 
 def refusals(folder: Path) -> dict:
     """What multi-device training refuses, each with its one-line message."""
-    from caffe2jax.errors import CaffeError
+    from caffe2jax.frontend.errors import CaffeError
     from caffe2jax.runtime.solver_loop import SolverLoop
 
     net = folder / "input.prototxt"

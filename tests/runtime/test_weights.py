@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.errors import WeightsError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.weights import load_weights, save_weights, weights_format
 from caffe2jax.runtime.weights_binary import caffe_layer_params
 from tests.cli_runner import run_cli

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import (
     array_to_blobproto,
     array_to_datum,

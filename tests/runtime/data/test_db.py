@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data import db as dbmod
 from caffe2jax.runtime.data.db import Cursor, Writer, backend_name, open_db
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
 from caffe2jax.runtime.data.sources import DataSource, make_source
 

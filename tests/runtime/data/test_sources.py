@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from caffe2jax.errors import DataError
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import array_to_datum, encoded_datum
 from caffe2jax.runtime.data.db import Writer
 from caffe2jax.runtime.data.image import encode_image

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from caffe2jax import cli
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum, read_blobproto
 from caffe2jax.runtime.data.db import open_db
 from caffe2jax.runtime.data.tools import compute_image_mean, convert_imageset

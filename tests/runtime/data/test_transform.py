@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from caffe2jax.errors import DataError
+from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import write_blobproto
 from caffe2jax.runtime.data.transform import DataTransformer
 
