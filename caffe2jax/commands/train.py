@@ -145,6 +145,7 @@ def install_signals(solver, sigint: str, sighup: str) -> dict[int, object]:
         if sigint == "none":
             return
         seen["sigint"] += 1
+        previous.pop(signal.SIGINT, None)  # keep this handler to the end: a second ^C exits
         if seen["sigint"] > 1:
             sys.stderr.write("caffe2jax train: interrupted again; exiting now\n")
             sys.stderr.flush()
