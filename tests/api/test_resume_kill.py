@@ -71,7 +71,8 @@ def test_kill_9_at_ten_points_resumes_byte_identically(tmp_path):
     killed = 0
     for point in points:
         resume = _latest_snapshot(work)
-        extra = ("--snapshot", resume.name) if resume is not None else ()
+        # with no snapshot yet, the killed run's log is all there is: start over (--force)
+        extra = ("--snapshot", resume.name) if resume is not None else ("--force",)
         proc = _start(work, *extra)
         if _kill_after(proc, int(point), float(rng.uniform(0, 0.05))):
             killed += 1
