@@ -11,7 +11,6 @@ import re
 from types import MappingProxyType
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.frontend.blob_counts import check_blob_counts
 from caffe2jax.frontend.errors import NetError
 
 
@@ -76,9 +75,6 @@ class _Builder:
 
     def layer(self, param: caffe_pb2.LayerParameter, name: str) -> ir.Layer:
         top_names = auto_tops(param)
-        problem = check_blob_counts(param.type, len(param.bottom), len(top_names))
-        if problem:
-            raise self.fail(param, problem)
         if param.propagate_down and len(param.propagate_down) != len(param.bottom):
             raise self.fail(
                 param,

@@ -29,7 +29,7 @@ def _ip_dims(layer: ir.Layer, shape: Shape) -> tuple[int, int, int]:
     return axis, count(shape, axis), p.num_output
 
 
-@register("InnerProduct")
+@register("InnerProduct", counts=(1, 1, 1, 1))
 def inner_product(layer, params, bottoms, ctx):
     """y = x·Wᵀ + b over the axes from ``axis`` on; W is (N, K), or (K, N) with ``transpose``."""
     p = layer.param.inner_product_param
@@ -55,7 +55,7 @@ def _(layer, bottom_shapes):
 # -- Embed --------------------------------------------------------------------------------
 
 
-@register("Embed")
+@register("Embed", counts=(1, 1, 1, 1))
 def embed(layer, params, bottoms, ctx):
     """Row ``int(x)`` of W (input_dim, num_output), plus the bias; top shape x.shape + (N,).
 
@@ -111,7 +111,7 @@ def _eltwise_max(bottoms: Sequence[jax.Array]) -> jax.Array:
     return jnp.take_along_axis(stack, winner[None], axis=0)[0]
 
 
-@register("Eltwise")
+@register("Eltwise", counts=(2, None, 1, 1))
 def eltwise(layer, params, bottoms, ctx):
     """SUM (Σ coeff_i·x_i), PROD (Π x_i) or MAX over bottoms of one shape.
 
@@ -142,7 +142,7 @@ def eltwise(layer, params, bottoms, ctx):
 _REDUCTION = caffe_pb2.ReductionParameter
 
 
-@register("Reduction")
+@register("Reduction", counts=(1, 1, 1, 1))
 def reduction(layer, params, bottoms, ctx):
     """SUM, ASUM, SUMSQ or MEAN over every axis from ``axis`` on, times ``coeff``.
 
@@ -173,7 +173,7 @@ def _top_k_last(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return -neg_x[..., :k], -neg_i[..., :k]
 
 
-@register("ArgMax")
+@register("ArgMax", counts=(1, 1, 1, 1))
 def argmax(layer, params, bottoms, ctx):
     """Indices (or values) of the top_k maxima; no backward (outputs carry no gradient).
 
@@ -205,7 +205,7 @@ def argmax(layer, params, bottoms, ctx):
 # -- Softmax ------------------------------------------------------------------------------
 
 
-@register("Softmax")
+@register("Softmax", counts=(1, 1, 1, 1))
 def softmax(layer, params, bottoms, ctx):
     """exp(x − max) / Σ exp(x − max) along ``axis`` (default 1)."""
     (x,) = bottoms
@@ -248,7 +248,7 @@ def _operand_name(layer: ir.Layer, n_bottoms: int, what: str) -> str:
     return f"bottom '{layer.bottom_names[1]}'" if n_bottoms > 1 else what
 
 
-@register("Scale")
+@register("Scale", counts=(1, 2, 1, 1))
 def scale(layer, params, bottoms, ctx):
     """y = x ⊙ s (+ b): s is bottom[1] or a learned blob spanning ``num_axes`` axes from
     ``axis``; ``bias_term`` adds a learned bias of the same span (Caffe's internal BiasLayer)."""
@@ -276,7 +276,7 @@ def _(layer, bottom_shapes):
     return decls
 
 
-@register("Bias")
+@register("Bias", counts=(1, 2, 1, 1))
 def bias(layer, params, bottoms, ctx):
     """y = x + b: b is bottom[1] or a learned blob spanning ``num_axes`` axes from ``axis``."""
     p = layer.param.bias_param

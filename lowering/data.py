@@ -16,7 +16,7 @@ from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
 
 
-@register("Input", source=True)
+@register("Input", counts=(0, 0, 1, None), source=True)
 def input_layer(layer):
     """InputLayer: one ``shape`` for every top, or one per top."""
     shapes = [tuple(s.dim) for s in layer.param.input_param.shape]
@@ -31,7 +31,7 @@ def input_layer(layer):
     return shapes or [None] * n
 
 
-@register("MemoryData", source=True)
+@register("MemoryData", counts=(0, 0, 2, 2), source=True)
 def memory_data(layer):
     """MemoryDataLayer: data (batch_size, channels, height, width) and label (batch_size,)."""
     p = layer.param.memory_data_param
@@ -42,12 +42,19 @@ def _from_source(layer):
     return [None] * len(layer.tops)
 
 
-# The data layers whose tops the runtime's data pipeline reads from files (the one table of
-# them: the feeder and the pipeline's source factory dispatch on it too).
-PIPELINE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+# The data layers whose tops the runtime's data pipeline reads from files, with the blob
+# counts Caffe checks (the one table of them: the feeder and the pipeline's source factory
+# dispatch on it too).
+_PIPELINE_COUNTS = {
+    "Data": (0, 0, 1, 2),
+    "ImageData": (0, 0, 2, 2),
+    "HDF5Data": (0, 0, 1, None),
+    "WindowData": (0, 0, 2, 2),
+}
+PIPELINE_TYPES = tuple(_PIPELINE_COUNTS)
 
-for _type in PIPELINE_TYPES:
-    register(_type, source=True)(_from_source)
+for _type, _counts in _PIPELINE_COUNTS.items():
+    register(_type, counts=_counts, source=True)(_from_source)
 
 
 def _dummy_shapes(layer) -> list[tuple[int, ...]]:
@@ -67,7 +74,7 @@ def _dummy_shapes(layer) -> list[tuple[int, ...]]:
     return [tuple(int(v[i if len(v) > 1 else 0]) for v in legacy) for i in range(n)]
 
 
-@register("DummyData")
+@register("DummyData", counts=(0, 0, 1, None))
 def dummy_data(layer, params, bottoms, ctx):
     """DummyDataLayer: each top from its filler (constant 0 by default).
 
@@ -90,7 +97,7 @@ def dummy_data(layer, params, bottoms, ctx):
     return tops
 
 
-@register("HDF5Output")
+@register("HDF5Output", counts=(2, 2, 0, 0))
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
     bottoms to the layer's file after each forward (caffe2jax.runtime.feeding.Sinks)."""

@@ -82,7 +82,10 @@ class Graph:
         self.lowerings: dict[str, Lowering] = {}
         for layer in net.layers:
             with _at(layer):
-                self.lowerings[layer.name] = lookup(layer)
+                self.lowerings[layer.name] = lowering = lookup(layer)
+            problem = lowering.check_counts(len(layer.bottoms), len(layer.tops))
+            if problem:
+                raise _fail(layer, problem)
         self.decls: dict[str, list[ParamDecl]] = {}
         self.carries: dict[str, list[ParamDecl]] = {}
         self.shared: dict[tuple[str, int], tuple[str, int]] = {}

@@ -115,7 +115,7 @@ def _masked(term: jax.Array, lab: jax.Array, classes: int, valid: jax.Array) -> 
 # -- SoftmaxWithLoss ----------------------------------------------------------------------
 
 
-@register("SoftmaxWithLoss", no_force_backward=(1,))
+@register("SoftmaxWithLoss", counts=(2, 2, 1, 2), no_force_backward=(1,))
 def softmax_with_loss(layer, params, bottoms, ctx):
     """Σ −log(max(softmax(x)[label], FLT_MIN)) over counted positions / normaliser.
 
@@ -143,7 +143,7 @@ def softmax_with_loss(layer, params, bottoms, ctx):
 # -- SigmoidCrossEntropyLoss --------------------------------------------------------------
 
 
-@register("SigmoidCrossEntropyLoss", no_force_backward=(1,))
+@register("SigmoidCrossEntropyLoss", counts=(2, 2, 1, 1), no_force_backward=(1,))
 def sigmoid_cross_entropy_loss(layer, params, bottoms, ctx):
     """Σ softplus(x) − x·t over positions whose int(t) is not ignore_label / normaliser.
 
@@ -168,7 +168,7 @@ def sigmoid_cross_entropy_loss(layer, params, bottoms, ctx):
 # -- EuclideanLoss ------------------------------------------------------------------------
 
 
-@register("EuclideanLoss")
+@register("EuclideanLoss", counts=(2, 2, 1, 1))
 def euclidean_loss(layer, params, bottoms, ctx):
     """Σ(a − b)² / N / 2, N = shape(0); both bottoms get a gradient (and may be forced)."""
     a, b = bottoms
@@ -186,7 +186,7 @@ def euclidean_loss(layer, params, bottoms, ctx):
 # -- HingeLoss ----------------------------------------------------------------------------
 
 
-@register("HingeLoss", no_force_backward=(1,))
+@register("HingeLoss", counts=(2, 2, 1, 1), no_force_backward=(1,))
 def hinge_loss(layer, params, bottoms, ctx):
     """Σ max(0, 1 − δ·x) / N with δ = +1 at the label and −1 elsewhere (L2: squared).
 
@@ -247,7 +247,7 @@ def _check_contrastive(layer: ir.Layer, a: jax.Array, b: jax.Array, sim: jax.Arr
         )
 
 
-@register("ContrastiveLoss", no_force_backward=(2,))
+@register("ContrastiveLoss", counts=(3, 3, 1, 1), no_force_backward=(2,))
 def contrastive_loss(layer, params, bottoms, ctx):
     """Σ [y ? d² : max(margin − d, 0)²] / N / 2 with d = ‖a − b‖ (int(y) ≠ 0: similar).
 
@@ -306,7 +306,7 @@ def _infogain_matrix(layer: ir.Layer, bottoms, classes: int, dtype) -> jax.Array
     return lax.stop_gradient(h).reshape(classes, classes)
 
 
-@register("InfogainLoss", no_force_backward=(1, 2))
+@register("InfogainLoss", counts=(2, 3, 1, 2), no_force_backward=(1, 2))
 def infogain_loss(layer, params, bottoms, ctx):
     """−Σ_l H[label, l]·log(max(softmax(x)_l, 1e-20)) over counted positions / normaliser.
 
@@ -341,7 +341,7 @@ def infogain_loss(layer, params, bottoms, ctx):
 # -- MultinomialLogisticLoss --------------------------------------------------------------
 
 
-@register("MultinomialLogisticLoss", no_force_backward=(1,))
+@register("MultinomialLogisticLoss", counts=(2, 2, 1, 1), no_force_backward=(1,))
 def multinomial_logistic_loss(layer, params, bottoms, ctx):
     """−Σ log(max(p[label], 1e-20)) / N over probabilities p (N, C, 1, 1) and labels (N,).
 
@@ -364,7 +364,7 @@ def multinomial_logistic_loss(layer, params, bottoms, ctx):
 # -- Accuracy -----------------------------------------------------------------------------
 
 
-@register("Accuracy")
+@register("Accuracy", counts=(2, 2, 1, 2))
 def accuracy(layer, params, bottoms, ctx):
     """Fraction of counted positions whose true class scores among the top_k.
 

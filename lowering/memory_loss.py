@@ -35,7 +35,7 @@ from caffe2jax.lowering.util import count, fail
 _MODE = caffe_pb2.LossParameter
 
 
-@register("MemoryLoss")
+@register("MemoryLoss", counts=(1, 2, 1, 1))
 def memory_loss(
     layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Array], ctx: Context
 ) -> list[jax.Array]:

@@ -23,7 +23,7 @@ from caffe2jax.lowering.util import fail
 Arrays = Sequence[jax.Array]
 
 
-@register("ReLU")
+@register("ReLU", counts=(1, 1, 1, 1))
 def relu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ReLULayer: ``y = x`` for ``x > 0``, else ``negative_slope·x``.
 
@@ -35,7 +35,7 @@ def relu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list
     return [jnp.where(x > 0, x, negative)]
 
 
-@register("PReLU")
+@register("PReLU", counts=(1, 1, 1, 1))
 def prelu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """PReLULayer: ``y = x`` for ``x > 0``, else ``a_c·x`` with one learned slope per channel
     (axis 1), or a single 0-d slope with ``channel_shared``.
@@ -64,7 +64,7 @@ def _(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
     return [ParamDecl(() if p.channel_shared else (shape[1],), filler)]
 
 
-@register("ELU")
+@register("ELU", counts=(1, 1, 1, 1))
 def elu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ELULayer: ``y = x`` for ``x > 0``, else ``alpha·(exp(x) − 1)``.
 
@@ -78,19 +78,19 @@ def elu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[
     return [jnp.where(positive, x, alpha * jnp.expm1(negative_part))]
 
 
-@register("Sigmoid")
+@register("Sigmoid", counts=(1, 1, 1, 1))
 def sigmoid(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SigmoidLayer: ``y = 1 / (1 + exp(−x))``; backward ``dy·y·(1 − y)``."""
     return [jax.nn.sigmoid(bottoms[0])]
 
 
-@register("TanH")
+@register("TanH", counts=(1, 1, 1, 1))
 def tanh(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """TanHLayer: ``y = tanh(x)``; backward ``dy·(1 − y²)``."""
     return [jnp.tanh(bottoms[0])]
 
 
-@register("AbsVal")
+@register("AbsVal", counts=(1, 1, 1, 1))
 def absval(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """AbsValLayer: ``y = |x|``; backward ``dy·sign(x)`` with ``sign(0) = 0``.
 
@@ -100,7 +100,7 @@ def absval(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> li
     return [x * jnp.sign(x)]
 
 
-@register("Power")
+@register("Power", counts=(1, 1, 1, 1))
 def power(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """PowerLayer: ``y = (shift + scale·x)^power``.
 
@@ -135,7 +135,7 @@ def _log_base(layer: ir.Layer, base: float) -> float:
     return math.log(base)
 
 
-@register("Exp")
+@register("Exp", counts=(1, 1, 1, 1))
 def exp(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ExpLayer: ``y = base^(shift + scale·x)``, computed as Caffe does,
     ``outer·exp(inner·x)`` with ``inner = ln(base)·scale`` and ``outer = base^shift``."""
@@ -148,7 +148,7 @@ def exp(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[
     return [y * outer if outer != 1 else y]
 
 
-@register("Log")
+@register("Log", counts=(1, 1, 1, 1))
 def log(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """LogLayer: ``y = log_base(shift + scale·x)`` (base −1 means e); base 1 is refused."""
     (x,) = bottoms
@@ -163,14 +163,14 @@ def log(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[
     return [y * (1.0 / log_base) if log_base != 1 else y]
 
 
-@register("BNLL")
+@register("BNLL", counts=(1, 1, 1, 1))
 def bnll(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """BNLLLayer: ``y = log(1 + exp(x))``, computed stably; backward ``dy·sigmoid(x)``
     (Caffe clamps the exponent at 50, where the sigmoid is already 1 in float32)."""
     return [jax.nn.softplus(bottoms[0])]
 
 
-@register("Threshold")
+@register("Threshold", counts=(1, 1, 1, 1))
 def threshold(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ThresholdLayer: ``y = 1`` where ``x > threshold``, else 0.
 
@@ -180,7 +180,7 @@ def threshold(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) ->
     return [(x > layer.param.threshold_param.threshold).astype(x.dtype)]
 
 
-@register("Clip")
+@register("Clip", counts=(1, 1, 1, 1))
 def clip(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ClipLayer: ``y = max(min, min(x, max))``; Caffe's backward passes ``dy`` exactly where
     ``min ≤ x ≤ max`` (both ends included) and 0 elsewhere."""
@@ -191,7 +191,7 @@ def clip(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list
     return [jnp.where(inside, x, lax.stop_gradient(clipped))]
 
 
-@register("Swish")
+@register("Swish", counts=(1, 1, 1, 1))
 def swish(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SwishLayer: ``y = x·sigmoid(beta·x)``; backward ``dy·(beta·y + σ·(1 − beta·y))``."""
     (x,) = bottoms
@@ -199,7 +199,7 @@ def swish(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> lis
     return [x * jax.nn.sigmoid(x * beta if beta != 1 else x)]
 
 
-@register("Dropout")
+@register("Dropout", counts=(1, 1, 1, 1))
 def dropout(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """DropoutLayer: in TRAIN each element is kept with probability ``1 − dropout_ratio``
     (a Bernoulli mask from this layer's key) and scaled by ``1/(1 − dropout_ratio)``; the

@@ -29,7 +29,7 @@ def _use_global_stats(layer: ir.Layer, phase: str) -> bool:
     return p.use_global_stats if p.HasField("use_global_stats") else phase == ir.TEST
 
 
-@register("BatchNorm", stateful=True)
+@register("BatchNorm", counts=(1, 1, 1, 1), stateful=True)
 def batch_norm(layer, params, bottoms, ctx):
     """y = (x − μ) / √(σ² + eps) per channel over (N, spatial).
 
@@ -109,7 +109,7 @@ def _mvn_bwd(res, dy):
 _mvn_rows.defvjp(_mvn_fwd, _mvn_bwd)
 
 
-@register("MVN")
+@register("MVN", counts=(1, 1, 1, 1))
 def mvn(layer, params, bottoms, ctx):
     """Mean (and variance) normalisation per (n, c), or per n with ``across_channels``.
 

@@ -245,7 +245,7 @@ def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
 # -- the layers -------------------------------------------------------------------------------
 
 
-@register("Pooling")
+@register("Pooling", counts=(1, 1, 1, 2))
 def pooling(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """PoolingLayer: one top, or for MAX a second top with the argmax mask."""
     if len(bottoms) != 1:
@@ -271,7 +271,7 @@ def spp_spec(layer: ir.Layer, method: int, hw: tuple[int, int], level: int) -> P
     return make_spec(layer, method, hw, kernel, kernel, pad)  # type: ignore[arg-type]
 
 
-@register("SPP")
+@register("SPP", counts=(1, 1, 1, 1))
 def spp(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """SPPLayer: pyramid levels of pooling, each flattened, concatenated along axis 1.
 

@@ -272,7 +272,7 @@ def _unit_check(layer: ir.Layer, shapes: Sequence[Shape]) -> None:
         raise fail(layer, f"bottom cont must have shape [1, {n}]; got {list(cont)}")
 
 
-@register("LSTMUnit", no_force_backward=(2,))
+@register("LSTMUnit", counts=(3, 3, 2, 2), no_force_backward=(2,))
 def lstm_unit(layer, params, bottoms, ctx):
     """Caffe's LSTMUnitLayer: one step, ``c = cont·σ(f)·c_prev + σ(i)·tanh(g)``,
     ``h = σ(o)·tanh(c)``; no diff reaches cont."""

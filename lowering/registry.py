@@ -3,7 +3,7 @@
 A lowering is a pure function ``fn(layer, params, bottoms, ctx) -> tops`` plus the shapes and
 fillers of its param blobs in Caffe's blob order::
 
-    @register("InnerProduct")
+    @register("InnerProduct", counts=(1, 1, 1, 1))
     def inner_product(layer, params, bottoms, ctx):
         ...
 
@@ -87,6 +87,8 @@ class Lowering:
     stateful: bool = False
     source: bool = False
     no_force_backward: tuple[int, ...] = ()
+    counts: tuple[int, int | None, int, int | None] | None = None
+    equal_bottom_top: bool = False
     _param_shapes: ParamShapesFn | None = None
     _carry_shapes: ParamShapesFn | None = None
 
@@ -116,6 +118,21 @@ class Lowering:
             return []
         return list(self._param_shapes(layer, bottom_shapes))
 
+    def check_counts(self, n_bottoms: int, n_tops: int) -> str | None:
+        """Caffe's Layer::CheckBlobCounts: None when the counts fit, else what the type
+        accepts. Types whose counts depend on their parameters (RNN, LSTM, Python) declare
+        none and check in their lowering."""
+        if self.counts is None:
+            return None
+        lo_b, hi_b, lo_t, hi_t = self.counts
+        if n_bottoms < lo_b or (hi_b is not None and n_bottoms > hi_b):
+            return f"takes {_range(lo_b, hi_b)} bottom blob(s), got {n_bottoms}"
+        if n_tops < lo_t or (hi_t is not None and n_tops > hi_t):
+            return f"produces {_range(lo_t, hi_t)} top blob(s), got {n_tops}"
+        if self.equal_bottom_top and n_bottoms != n_tops:
+            return f"needs as many tops as bottoms, got {n_bottoms} bottom(s) and {n_tops} top(s)"
+        return None
+
     def allow_force_backward(self, n_bottoms: int) -> tuple[bool, ...]:
         """Caffe's AllowForceBackward per bottom (loss layers refuse their labels)."""
         return tuple(i not in self.no_force_backward for i in range(n_bottoms))
@@ -135,9 +152,17 @@ def is_carry(key: str) -> bool:
     return key.endswith(CARRY)
 
 
+def _range(lo: int, hi: int | None) -> str:
+    if hi == lo:
+        return f"exactly {lo}"
+    return f"at least {lo}" if hi is None else f"{lo} to {hi}"
+
+
 def register(
     type_name: str,
     *,
+    counts: tuple[int, int | None, int, int | None] | None = None,
+    equal_bottom_top: bool = False,
     stateful: bool = False,
     source: bool = False,
     no_force_backward: Sequence[int] = (),
@@ -147,7 +172,8 @@ def register(
     def wrap(fn: LoweringFn) -> Lowering:
         if type_name in _REGISTRY:
             raise ValueError(f"layer type {type_name!r} is registered twice")
-        lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward))
+        lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward),
+                            counts, equal_bottom_top)  # fmt: skip
         _REGISTRY[type_name] = lowering
         return lowering
 
@@ -170,8 +196,7 @@ def lookup(layer: ir.Layer) -> Lowering:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise NetError(
             f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
-            f"{len(_REGISTRY)} types are supported, listed by "
-            "caffe2jax.lowering.registry.registered_types()"
+            f"{len(_REGISTRY)} types are supported, listed by caffe2jax.layer_type_list()"
         ) from None
 
 

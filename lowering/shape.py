@@ -45,7 +45,7 @@ def _legacy_axis(layer: ir.Layer, p, legacy: str, ndim: int) -> int:
     return canonical_axis(layer, p.axis, ndim)
 
 
-@register("Concat")
+@register("Concat", counts=(1, None, 1, 1))
 def concat(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ConcatLayer: join the bottoms along ``axis`` (default 1; legacy ``concat_dim``).
 
@@ -91,7 +91,7 @@ def _slice_sizes(layer: ir.Layer, x: jax.Array, axis: int) -> list[int]:
     return sizes
 
 
-@register("Slice")
+@register("Slice", counts=(1, 1, 1, None))
 def slice_layer(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SliceLayer: cut the bottom along ``axis`` (default 1; legacy ``slice_dim``) at the
     ``slice_point`` list (one fewer than the tops), or into equal parts when none is given."""
@@ -105,14 +105,14 @@ def slice_layer(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) 
     return tops
 
 
-@register("Split")
+@register("Split", counts=(1, 1, 1, None))
 def split(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SplitLayer: every top is the bottom; the bottom's diff is the sum of the top diffs."""
     _refuse_in_place(layer)
     return [bottoms[0]] * len(layer.tops)
 
 
-@register("Flatten")
+@register("Flatten", counts=(1, 1, 1, 1))
 def flatten(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """FlattenLayer: merge axes ``axis`` … ``end_axis`` (defaults 1 and −1) into one."""
     _refuse_in_place(layer)
@@ -168,7 +168,7 @@ def reshape_shape(layer: ir.Layer, shape: Shape) -> Shape:
     return tuple(top)
 
 
-@register("Reshape")
+@register("Reshape", counts=(1, 1, 1, 1))
 def reshape(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ReshapeLayer: the same data under a new shape (see :func:`reshape_shape`)."""
     _refuse_in_place(layer)
@@ -176,7 +176,7 @@ def reshape(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> l
     return [jnp.reshape(x, reshape_shape(layer, x.shape))]
 
 
-@register("Tile")
+@register("Tile", counts=(1, 1, 1, 1))
 def tile(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """TileLayer: repeat the block of axes ``axis…`` ``tiles`` times along ``axis``
     (``[c0, c1, c0, c1]``, not ``[c0, c0, c1, c1]``); the backward sums the copies."""
@@ -190,13 +190,13 @@ def tile(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list
     return [jnp.tile(x, reps)]
 
 
-@register("Silence")
+@register("Silence", counts=(1, None, 0, 0))
 def silence(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SilenceLayer: no tops; its bottoms get zero diff (they reach no loss through it)."""
     return []
 
 
-@register("Parameter")
+@register("Parameter", counts=(0, 0, 1, 1))
 def parameter(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ParameterLayer: the top is the layer's one blob; its diff is the top's diff."""
     return [params[0]]
@@ -211,7 +211,7 @@ def _(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
     return [ParamDecl(shape, None)]
 
 
-@register("Filter")
+@register("Filter", counts=(2, None, 1, None))
 def filter_layer(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """FilterLayer: keep the items (axis 0) of each data bottom whose selector (the last
     bottom) is non-zero, in order.
@@ -253,7 +253,7 @@ def _check_filter(layer: ir.Layer, data: Arrays, selector: jax.Array) -> None:
             )
 
 
-@register("BatchReindex", no_force_backward=(1,))
+@register("BatchReindex", counts=(2, 2, 1, 1), no_force_backward=(1,))
 def batch_reindex(
     layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context
 ) -> list[jax.Array]:

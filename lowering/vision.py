@@ -158,7 +158,7 @@ def _add_bias(layer: ir.Layer, y: jax.Array, params, axis: int) -> jax.Array:
     return y + params[1].reshape((-1,) + (1,) * (y.ndim - axis - 1))
 
 
-@register("Convolution")
+@register("Convolution", counts=(1, None, 1, None), equal_bottom_top=True)
 def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """ConvolutionLayer: grouped, strided, padded, dilated N-D convolution plus bias."""
     geometry = conv_geometry(layer, tuple(bottoms[0].shape))
@@ -194,7 +194,7 @@ def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:
     return jnp.flip(w, axis=tuple(range(2, w.ndim)))
 
 
-@register("Deconvolution")
+@register("Deconvolution", counts=(1, None, 1, None), equal_bottom_top=True)
 def deconvolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """DeconvolutionLayer: the transpose of convolution (Caffe runs conv's backward-data)."""
     geometry = conv_geometry(layer, tuple(bottoms[0].shape))
@@ -246,7 +246,7 @@ def im2col(x: jax.Array, geometry: ConvGeometry) -> jax.Array:
     return stacked.reshape((x.shape[0], -1) + out)
 
 
-@register("Im2col")
+@register("Im2col", counts=(1, 1, 1, 1))
 def im2col_layer(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """Im2colLayer: the column buffer Caffe's convolution multiplies its weights with."""
     if len(bottoms) != 1 or len(layer.tops) != 1:
@@ -257,7 +257,7 @@ def im2col_layer(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arr
     return [_batched(x, geometry.axis, lambda v: im2col(v, geometry))]
 
 
-@register("LRN")
+@register("LRN", counts=(1, 1, 1, 1))
 def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """LRNLayer: local response normalisation across or within channels."""
     if len(bottoms) != 1 or len(layer.tops) != 1:
@@ -283,7 +283,7 @@ def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     return [x * scale ** jnp.asarray(-p.beta, x.dtype)]
 
 
-@register("Crop")
+@register("Crop", counts=(2, 2, 1, 1))
 def crop(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """CropLayer: bottom[0] cut to bottom[1]'s shape from ``axis`` on, at ``offset``."""
     if len(bottoms) != 2:

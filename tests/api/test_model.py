@@ -139,7 +139,7 @@ def test_unknown_type_names_layer_type_and_supported_list():
         caffe2jax.compile(text)
     message = str(err.value)
     assert "layer 'odd'" in message and "'Frobnicate'" in message and len(message) < 200
-    assert "registered_types()" in message and "Convolution" in registered_types()
+    assert "layer_type_list()" in message and "Convolution" in registered_types()
     with pytest.raises(NetError, match=r"'Convolutoin' \(did you mean 'Convolution'\?\)"):
         caffe2jax.compile(text.replace("Frobnicate", "Convolutoin"))
 

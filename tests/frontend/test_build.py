@@ -63,7 +63,6 @@ def test_param_specs_are_kept():
     [
         (('bottom: "ip1" top: "ip2"', 'bottom: "nope" top: "ip2"'), "unknown bottom blob 'nope'"),
         (('top: "acc" }', 'top: "loss" }'), "top blob 'loss' is produced by multiple sources"),
-        (('type: "ReLU" bottom: "ip1"', 'type: "ReLU" bottom: "ip1" bottom: "data"'), "bottom"),
         (('top: "loss" }', 'top: "loss" propagate_down: true }'), "propagate_down has 1"),
         (('top: "loss" }', 'top: "loss" loss_weight: 1 loss_weight: 2 }'), "loss_weight has 2"),
     ],
@@ -130,3 +129,17 @@ def test_force_backward_turns_everything_on_but_labels():
     assert net.backward["ip1"].bottoms == (True,)
     assert net.backward["loss"].bottoms == (True, False)
     assert net.backward["acc"].layer is True
+
+
+def test_blob_counts_are_checked_where_each_type_registers(tmp_path):
+    """Caffe's CheckBlobCounts: each lowering declares its counts when it registers; a layer
+    that breaks them fails at compile time naming file:line, layer and what it takes."""
+    from caffe2jax.api import compile as compile_net
+
+    path = tmp_path / "bad.prototxt"
+    path.write_text(
+        NET.replace('type: "ReLU" bottom: "ip1"', 'type: "ReLU" bottom: "ip1" bottom: "data"')
+    )
+    with pytest.raises(NetError, match="takes exactly 1 bottom blob\\(s\\), got 2") as err:
+        compile_net(path)
+    assert str(err.value).startswith(f"{path}:") and "layer 'relu1' (type ReLU)" in str(err.value)
