@@ -150,6 +150,10 @@ def install_signals(solver, sigint: str, sighup: str) -> dict[int, object]:
             sys.stderr.write("caffe2jax train: interrupted again; exiting now\n")
             sys.stderr.flush()
             os._exit(130)
+        sys.stderr.write(
+            f"caffe2jax train: {sigint} after this iteration (Ctrl-C again: exit now)\n"
+        )
+        sys.stderr.flush()
         act(sigint)
 
     def on_sighup(signum, frame) -> None:
@@ -192,13 +196,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from caffe2jax.runtime.devices import is_primary
+    from caffe2jax.runtime.devices import is_primary, select
     from caffe2jax.runtime.solver_loop import SolverLoop
 
     gpu = _join_processes(args)
     log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
     if args.iterations is not None and args.iterations < 0:
         raise CaffeError(f"--iterations must be >= 0, got {args.iterations}")
+    if gpu is not None:  # bad ids fail before anything is written
+        select(gpu)
     if is_primary():
         preflight(args, log_file)
     use_bar = is_primary() and (

@@ -127,17 +127,20 @@ def test_solver_errors_name_the_solver_file(tmp_path):
     assert f"{solver}: lr_policy: unknown learning rate policy 'nope'" in line
 
 
-def _start_training(tmp_path, *extra):
+def _start_training(tmp_path, *extra, batch=None, until=100):
     solver = _digits_run(tmp_path)
+    if batch is not None:
+        net = tmp_path / "lenet_train_test.prototxt"
+        net.write_text(net.read_text().replace("batch_size: 64", f"batch_size: {batch}"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "caffe2jax", "train", "--solver", str(solver),
          "--progress", "log", *extra],  # fmt: skip
         cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     for line in proc.stderr:  # wait until it is training
-        if "Iteration 100," in line or "Iteration 100 (" in line:
+        if f"Iteration {until}," in line or f"Iteration {until} (" in line:
             return proc
-    raise AssertionError(f"training never reached iteration 100 (exit {proc.wait()})")
+    raise AssertionError(f"training never reached iteration {until} (exit {proc.wait()})")
 
 
 def test_sigint_stops_between_iterations_and_snapshots(tmp_path):
@@ -155,9 +158,12 @@ def test_sigint_stops_between_iterations_and_snapshots(tmp_path):
 
 
 def test_second_sigint_exits_at_once(tmp_path):
-    proc = _start_training(tmp_path)
+    # big batches: an iteration lasts long enough to interrupt it twice
+    proc = _start_training(tmp_path, batch=4096, until=0)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.005)  # the first one is being acted on: the run is finishing its iteration
+    for line in proc.stderr:  # the first one is acknowledged: the iteration is finishing
+        if "Ctrl-C again" in line:
+            break
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
