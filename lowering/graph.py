@@ -27,6 +27,7 @@ from caffe2jax import ir
 from caffe2jax.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
+from caffe2jax.lowering.precision import Precision, cast, resolve
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
@@ -55,8 +56,10 @@ class Graph:
         net: ir.Net,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         dtype: Any = jnp.float32,
+        precision: str | Precision | None = None,
     ):
         self.dtype = jnp.dtype(dtype)
+        self.precision = resolve(precision)
         self.phase = net.phase
         self._init = None
         self.lowerings: dict[str, Lowering] = {layer.name: lookup(layer) for layer in net.layers}
@@ -278,7 +281,17 @@ class Graph:
         but make ``jax.grad`` with respect to the taps return each blob's diff, as pycaffe's
         ``net.blobs[name].diff`` shows after a backward pass (a split top's tap gives the diff
         its one reader sends back, as Caffe's split blobs hold).
+
+        Layers compute in :attr:`precision` (see ``lowering/precision.py``); the blobs returned
+        are in the net's dtype.
         """
+        with jax.default_matmul_precision(self.precision.matmul):
+            env, new_state = self._run(params, state, env, rng, start, stop, taps)
+        if self.precision.casts:
+            env = {name: cast(value, self.dtype) for name, value in env.items()}
+        return env, new_state
+
+    def _run(self, params, state, env, rng, start, stop, taps):
         env = dict(env)
         taps = taps or {}
         for name in taps.keys() & env.keys():
@@ -297,15 +310,16 @@ class Graph:
             if lowering.source:
                 continue
             backward = self.net.backward[layer.name]
+            dtype = self.precision.layer_dtype(layer.type, self.dtype)
             bottoms = [
-                env[b] if backward.bottoms[i] else lax.stop_gradient(env[b])
+                cast(env[b] if backward.bottoms[i] else lax.stop_gradient(env[b]), dtype)
                 for i, b in enumerate(caffe.bottoms)
             ]
             blobs = [
-                b if backward.params[j] else lax.stop_gradient(b)
+                cast(b if backward.params[j] else lax.stop_gradient(b), dtype)
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
-            ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name,
+            ctx = Context(self.phase, rng, dtype, layer_name=layer.name,
                           layer_index=self._index[layer.name])  # fmt: skip
             if layer.name in self.carries:
                 ctx.carry = [

@@ -1,0 +1,101 @@
+"""Which XLA:CPU library paths pay: caffe2jax's CPU-table cases under each XLA_FLAGS setting.
+
+    python benchmarks/xla_flags.py [--rounds 2] [--cases lenet,quick,cifar_full,alexnet]
+
+Flags are read once per process, so each setting runs ``benchmarks/cpu_table.py --ours-only``
+in its own process; settings are visited round-robin ``--rounds`` times so a load change on a
+shared machine spreads over all of them, and each cell is the median over rounds. Every
+setting names every flag explicitly, so the CLI's own defaults do not leak in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, machine  # noqa: E402
+
+OFF = {
+    "xla_cpu_use_xnnpack": "false",
+    "xla_cpu_use_onednn": "false",
+    "xla_cpu_experimental_xnn_graph_fusion_mode": "XNN_GRAPH_FUSION_MODE_DISABLED",
+}
+SETTINGS = {
+    "XLA default (Eigen)": {},
+    "xnnpack": {"xla_cpu_use_xnnpack": "true"},
+    "xnnpack + graph fusion greedy": {
+        "xla_cpu_use_xnnpack": "true",
+        "xla_cpu_experimental_xnn_graph_fusion_mode": "XNN_GRAPH_FUSION_MODE_GREEDY",
+    },
+    "xnn fusion dot,eltwise,reduce": {"xla_cpu_experimental_xnn_fusion_type": "dot,eltwise,reduce"},
+    "onednn": {"xla_cpu_use_onednn": "true"},
+    "onednn + fusion dot,eltwise": {
+        "xla_cpu_use_onednn": "true",
+        "xla_cpu_experimental_onednn_fusion_type": "dot,eltwise",
+    },
+    "ynn individual conv+dot": {
+        "xla_cpu_experimental_ynn_fusion_type": "individual_convolution,individual_dot"
+    },
+}
+
+
+def flags(setting: dict[str, str]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in {**OFF, **setting}.items())
+
+
+def run_once(setting: dict[str, str], cases: str, out: Path) -> dict[str, float]:
+    env = {**os.environ, "XLA_FLAGS": flags(setting)}
+    script = Path(__file__).resolve().parent / "cpu_table.py"
+    subprocess.run([sys.executable, str(script), "--ours-only", "--cases", cases, "--out",
+                    str(out)], env=env, check=True, capture_output=True)  # fmt: skip
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    return {r["case"]: r["ours_ms"] for r in rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default="lenet,quick,cifar_full,alexnet")
+    parser.add_argument("--settings", help="comma-separated subset of the setting names")
+    args = parser.parse_args()
+    names = args.settings.split(",") if args.settings else list(SETTINGS)
+    times: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    tmp = Path(tempfile.mkdtemp(prefix="caffe2jax-flags-"))
+    for r in range(args.rounds):
+        for i, name in enumerate(names):
+            got = run_once(SETTINGS[name], args.cases, tmp / f"{r}-{i}")
+            for case, ms in got.items():
+                times[name].setdefault(case, []).append(ms)
+            print(f"round {r} {name}: {got}", flush=True)
+    cases = list(times[names[0]])
+    lines = ["| XLA_FLAGS setting | " + " | ".join(cases) + " |",
+             "|---" * (len(cases) + 1) + "|"]  # fmt: skip
+    base = {c: statistics.median(times[names[0]][c]) for c in cases}
+    for name in names:
+        cells = []
+        for c in cases:
+            ms = statistics.median(times[name][c])
+            cells.append(f"{ms:.2f} ms ({ms / base[c]:.2f}×)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    info = machine()
+    head = (f"{info['cpu']}, {info['cores']} cores, load {info['load_avg']}, jax {info['jax']}; "
+            f"median of {args.rounds} rounds, ratio to the first row")  # fmt: skip
+    text = head + "\n\n" + "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "xla_flags.md").write_text(text + "\n")
+    (RESULTS / "xla_flags.json").write_text(json.dumps(
+        {"machine": info, "settings": {n: flags(SETTINGS[n]) for n in names}, "times": times},
+        indent=1) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
