@@ -5,7 +5,8 @@
 Every row is timed in one run: caffe2jax and its peer in alternating blocks (median of the
 blocks after a warm-up; compile time apart). Inputs are random; weights are the nets' own
 fillers (written to a temporary .caffemodel for OpenCV). The CLI's JAX setup (XLA:CPU flags)
-is applied first, so the figures are what `caffe2jax` users get. Prints the markdown table and
+is applied first, so the figures are what `caffe2jax` users get; the compile cache is left
+off so the compile column shows real compiles. Prints the markdown table and
 writes ``benchmarks/results/cpu-<time>.json`` / ``.md``.
 """
 
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write OUT.json/OUT.md instead of results/")
     args = parser.parse_args(argv)
     harness.OURS_ONLY = args.ours_only
-    configure_jax()
+    configure_jax(compile_cache=False)  # the compile column shows real compiles
     rows = []
     for name in args.cases.split(","):
         row = CASES[name](args.precision, args.blocks)

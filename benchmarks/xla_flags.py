@@ -1,11 +1,13 @@
-"""Which XLA:CPU library paths pay: caffe2jax's CPU-table cases under each XLA_FLAGS setting.
+"""Which XLA:CPU library paths (``--sweep flags``) and which internal layout (``--sweep
+layout``: the channels-last pass on or off) pay, on caffe2jax's CPU-table cases.
 
-    python benchmarks/xla_flags.py [--rounds 2] [--cases lenet,quick,cifar_full,alexnet]
+    python benchmarks/xla_flags.py [--sweep flags] [--rounds 2] [--cases lenet,quick,alexnet]
 
 Flags are read once per process, so each setting runs ``benchmarks/cpu_table.py --ours-only``
 in its own process; settings are visited round-robin ``--rounds`` times so a load change on a
 shared machine spreads over all of them, and each cell is the median over rounds. Every
-setting names every flag explicitly, so the CLI's own defaults do not leak in.
+flag setting names every flag explicitly, so the CLI's own defaults do not leak in. A setting
+whose process dies (an instruction this CPU lacks: SIGILL) is reported as such.
 """
 
 from __future__ import annotations
@@ -46,15 +48,28 @@ SETTINGS = {
 }
 
 
+LAYOUTS = {
+    "NCHW (pass off)": {"CAFFE2JAX_CHANNELS_LAST": "0"},
+    "NHWC (channels-last pass)": {"CAFFE2JAX_CHANNELS_LAST": "1"},
+}
+
+
 def flags(setting: dict[str, str]) -> str:
     return " ".join(f"--{k}={v}" for k, v in {**OFF, **setting}.items())
 
 
-def run_once(setting: dict[str, str], cases: str, out: Path) -> dict[str, float]:
-    env = {**os.environ, "XLA_FLAGS": flags(setting)}
+def environment(sweep: str, setting: dict[str, str]) -> dict[str, str]:
+    if sweep == "layout":
+        return {**os.environ, "XLA_FLAGS": flags({}), **setting}
+    return {**os.environ, "XLA_FLAGS": flags(setting)}
+
+
+def run_once(env: dict[str, str], cases: str, out: Path) -> dict[str, float] | str:
     script = Path(__file__).resolve().parent / "cpu_table.py"
-    subprocess.run([sys.executable, str(script), "--ours-only", "--cases", cases, "--out",
-                    str(out)], env=env, check=True, capture_output=True)  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), "--ours-only", "--cases", cases, "--out",
+                           str(out)], env=env, capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        return f"died (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     return {r["case"]: r["ours_ms"] for r in rows}
 
@@ -63,17 +78,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cases", default="lenet,quick,cifar_full,alexnet")
+    parser.add_argument("--sweep", choices=["flags", "layout"], default="flags")
     parser.add_argument("--settings", help="comma-separated subset of the setting names")
     args = parser.parse_args()
-    names = args.settings.split(",") if args.settings else list(SETTINGS)
+    table = SETTINGS if args.sweep == "flags" else LAYOUTS
+    names = args.settings.split(",") if args.settings else list(table)
     times: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    died: dict[str, str] = {}
     tmp = Path(tempfile.mkdtemp(prefix="caffe2jax-flags-"))
     for r in range(args.rounds):
         for i, name in enumerate(names):
-            got = run_once(SETTINGS[name], args.cases, tmp / f"{r}-{i}")
+            if name in died:
+                continue
+            got = run_once(environment(args.sweep, table[name]), args.cases, tmp / f"{r}-{i}")
+            print(f"round {r} {name}: {got}", flush=True)
+            if isinstance(got, str):
+                died[name] = got
+                continue
             for case, ms in got.items():
                 times[name].setdefault(case, []).append(ms)
-            print(f"round {r} {name}: {got}", flush=True)
+    names = [n for n in names if n not in died]
     cases = list(times[names[0]])
     lines = ["| XLA_FLAGS setting | " + " | ".join(cases) + " |",
              "|---" * (len(cases) + 1) + "|"]  # fmt: skip
@@ -84,16 +108,18 @@ def main() -> int:
             ms = statistics.median(times[name][c])
             cells.append(f"{ms:.2f} ms ({ms / base[c]:.2f}×)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, why in died.items():
+        lines.append(f"| {name} | {why} |" + " |" * (len(cases) - 1))
     info = machine()
     head = (f"{info['cpu']}, {info['cores']} cores, load {info['load_avg']}, jax {info['jax']}; "
             f"median of {args.rounds} rounds, ratio to the first row")  # fmt: skip
     text = head + "\n\n" + "\n".join(lines)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "xla_flags.md").write_text(text + "\n")
-    (RESULTS / "xla_flags.json").write_text(json.dumps(
-        {"machine": info, "settings": {n: flags(SETTINGS[n]) for n in names}, "times": times},
-        indent=1) + "\n")  # fmt: skip
+    (RESULTS / f"sweep-{args.sweep}.md").write_text(text + "\n")
+    (RESULTS / f"sweep-{args.sweep}.json").write_text(json.dumps(
+        {"machine": info, "settings": {n: table[n] for n in table}, "times": times,
+         "died": died}, indent=1) + "\n")  # fmt: skip
     return 0
 
 

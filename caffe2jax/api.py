@@ -25,7 +25,8 @@ class Model:
 
     ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
     :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
-    gradients and returned blobs stay in ``dtype``.
+    gradients and returned blobs stay in ``dtype``. ``channels_last`` turns the internal NHWC
+    pass on or off (default: ``lowering/layout.py``'s); blobs and params keep Caffe's layout.
     """
 
     def __init__(
@@ -34,8 +35,9 @@ class Model:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         dtype: Any = jnp.float32,
         precision: str | Precision | None = None,
+        channels_last: bool | None = None,
     ):
-        self.graph = Graph(net, input_shapes, dtype, precision)
+        self.graph = Graph(net, input_shapes, dtype, precision, channels_last)
 
     @property
     def net(self) -> ir.Net:
@@ -87,7 +89,7 @@ class Model:
     def reshape(self, input_shapes: Mapping[str, Sequence[int]]) -> Model:
         """The same net compiled for other input shapes (params must still fit)."""
         return Model(self.graph.net, {**self.inputs, **input_shapes}, self.dtype,
-                     self.graph.precision)  # fmt: skip
+                     self.graph.precision, self.graph.channels_last)  # fmt: skip
 
 
 def compile(  # noqa: A001 - the design card's name for it

@@ -26,6 +26,7 @@ from jax import lax
 from caffe2jax import ir
 from caffe2jax.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
+from caffe2jax.lowering import layout
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.precision import Precision, cast, resolve
 from caffe2jax.lowering.registry import (
@@ -57,6 +58,7 @@ class Graph:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         dtype: Any = jnp.float32,
         precision: str | Precision | None = None,
+        channels_last: bool | None = None,
     ):
         self.dtype = jnp.dtype(dtype)
         self.precision = resolve(precision)
@@ -81,6 +83,10 @@ class Graph:
         )
         self.caffe_layers = insert_splits(self.net)
         self._layer = {layer.name: layer for layer in self.net.layers}
+        if channels_last is None:
+            channels_last = layout.default_channels_last()
+        self.channels_last = channels_last
+        self.nhwc_layers = layout.plan(self.net) if channels_last else frozenset()
         self._index = {layer.name: k for k, layer in enumerate(self.net.layers)}
 
     # -- compile time ---------------------------------------------------------------------
@@ -298,12 +304,19 @@ class Graph:
             env[name] = env[name] + taps[name]
         new_state = {name: list(blobs) for name, blobs in state.items()}
         layers = self.caffe_layers
+        nhwc: set[str] = set()  # blobs held channels-last (lowering/layout.py)
+
+        def tap(top):
+            return layout.to_nhwc(taps[top]) if top in nhwc else taps[top]
+
         for k in range(start, len(layers) if stop is None else stop):
             caffe = layers[k]
             if caffe.is_split:
                 value = env[caffe.bottoms[0]]
+                if caffe.bottoms[0] in nhwc:
+                    nhwc.update(caffe.tops)
                 for top in caffe.tops:
-                    env[top] = value + taps[top] if top in taps else value
+                    env[top] = value + tap(top) if top in taps else value
                 continue
             layer = self._layer[caffe.key]
             lowering = self.lowerings[layer.name]
@@ -311,9 +324,16 @@ class Graph:
                 continue
             backward = self.net.backward[layer.name]
             dtype = self.precision.layer_dtype(layer.type, self.dtype)
+            channels_last = layer.name in self.nhwc_layers
             bottoms = [
                 cast(env[b] if backward.bottoms[i] else lax.stop_gradient(env[b]), dtype)
                 for i, b in enumerate(caffe.bottoms)
+            ]
+            bottoms = [
+                (layout.to_nhwc(x) if b not in nhwc else x)
+                if channels_last
+                else (layout.to_nchw(x) if b in nhwc else x)
+                for b, x in zip(caffe.bottoms, bottoms)
             ]
             blobs = [
                 cast(b if backward.params[j] else lax.stop_gradient(b), dtype)
@@ -327,7 +347,11 @@ class Graph:
                     for c in state.get(carry_key(layer.name))
                     or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
                 ]
-            out = lowering.fn(layer, blobs, bottoms, ctx)
+            if channels_last:
+                out = layout.NHWC_FNS[layer.type](layer, blobs, bottoms, ctx)
+                nhwc.update(layer.tops)
+            else:
+                out = lowering.fn(layer, blobs, bottoms, ctx)
             if layer.name in self.carries:
                 out, carried = out
                 new_state[carry_key(layer.name)] = [lax.stop_gradient(c) for c in carried]
@@ -337,8 +361,8 @@ class Graph:
                 for j, value in zip(slots, updated):
                     new_state[layer.name][j] = lax.stop_gradient(value)
             for top, value in zip(layer.tops, out):
-                env[top] = value + taps[top] if top in taps else value
-        return env, new_state
+                env[top] = value + tap(top) if top in taps else value
+        return layout.restore(env, nhwc), new_state
 
     def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:
         """Caffe's net loss: Σ over tops of loss_weight · Σ(top data)."""

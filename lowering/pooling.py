@@ -127,16 +127,26 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 # -- the computations -------------------------------------------------------------------------
 
 
-def _padding(spec: PoolSpec, hw: tuple[int, ...]) -> list[tuple[int, int]]:
+def _spatial(x: jax.Array, nhwc: bool) -> tuple[int, ...]:
+    """(H, W) of an NCHW blob, or of an NHWC one (the internal channels-last layout)."""
+    return tuple(x.shape[1:3] if nhwc else x.shape[2:])
+
+
+def _on_hw(nhwc: bool, hw: tuple, other) -> tuple:
+    """A per-axis tuple with ``hw`` on the spatial axes and ``other`` on N and C."""
+    return (other, *hw, other) if nhwc else (other, other, *hw)
+
+
+def _padding(spec: PoolSpec, hw: tuple[int, ...], nhwc: bool = False) -> list[tuple[int, int]]:
     """reduce_window padding: ``pad`` before, enough after for the last (clipped) window."""
     after = [
         max((o - 1) * s + k - n - p, 0)
         for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad)
     ]
-    return [(0, 0), (0, 0)] + [(p, a) for p, a in zip(spec.pad, after)]
+    return list(_on_hw(nhwc, tuple((p, a) for p, a in zip(spec.pad, after)), (0, 0)))
 
 
-def _window(x: jax.Array, spec: PoolSpec, init: float, op) -> jax.Array:
+def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
     """``op``-reduce every window (padding holds ``init``), cropped to Caffe's output size."""
     out = lax.reduce_window(
         x,
@@ -144,14 +154,15 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op) -> jax.Array:
         # identities as differentiable monoid reductions (a traced init is not).
         np.asarray(init, x.dtype),
         op,
-        (1, 1) + spec.kernel,
-        (1, 1) + spec.stride,
-        _padding(spec, x.shape[2:]),
+        _on_hw(nhwc, spec.kernel, 1),
+        _on_hw(nhwc, spec.stride, 1),
+        _padding(spec, _spatial(x, nhwc), nhwc),
     )
-    return out[:, :, : spec.out[0], : spec.out[1]]
+    crop = _on_hw(nhwc, tuple(slice(0, o) for o in spec.out), slice(None))
+    return out[crop]
 
 
-def max_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
+def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
     """MAX over each window, padding ignored.
 
     JAX differentiates reduce_window max with select_and_scatter_add using a ``>=`` select in
@@ -159,8 +170,8 @@ def max_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
     strict ``>`` scan records in its mask. So autodiff is Caffe's backward, ties included
     (tests/lowering/test_vision.py checks this on tied inputs).
     """
-    y = _window(x, spec, -jnp.inf, lax.max)
-    if _has_empty_window(spec, x.shape[2:]):  # kernel < stride: Caffe leaves its -FLT_MAX
+    y = _window(x, spec, -jnp.inf, lax.max, nhwc)
+    if _has_empty_window(spec, _spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
         y = jnp.where(jnp.isneginf(y), jnp.asarray(-_FLT_MAX, y.dtype), y)
     return y
 
@@ -179,10 +190,17 @@ def _divisor(spec: PoolSpec, hw: tuple[int, ...]) -> np.ndarray:
     return np.outer(sizes[0], sizes[1])
 
 
-def ave_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
-    """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    total = _window(x, spec, 0.0, lax.add)
-    return total / jnp.asarray(_divisor(spec, x.shape[2:]), x.dtype)
+def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
+    """AVE: the zero-padded window sum over Caffe's clipped window size.
+
+    With ceil rounding the divisor varies only on the last row/column; it stays one
+    broadcast constant divide, which XLA fuses into the window sum's consumer.
+    """
+    total = _window(x, spec, 0.0, lax.add, nhwc)
+    divisor = _divisor(spec, _spatial(x, nhwc))
+    if nhwc:
+        divisor = divisor[:, :, None]
+    return total / jnp.asarray(divisor, x.dtype)
 
 
 def _offset_slices(x: jax.Array, spec: PoolSpec, fill: float):
@@ -230,6 +248,11 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     threshold = u * running[..., -1]
     chosen = lax.stop_gradient(jnp.argmax(running >= threshold[..., None], axis=-1))
     return jnp.take_along_axis(patches, chosen[..., None], axis=-1)[..., 0]
+
+
+def pool_nhwc(x: jax.Array, spec: PoolSpec) -> jax.Array:
+    """MAX or AVE pooling of a channels-last ``x`` (N, H, W, C) (see ``lowering/layout.py``)."""
+    return max_pool(x, spec, nhwc=True) if spec.method == MAX else ave_pool(x, spec, nhwc=True)
 
 
 def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:

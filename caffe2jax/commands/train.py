@@ -25,6 +25,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="a progress bar (terminals, by default) or Caffe's log lines on stderr",
     )
+    # issue 13 (precision): bf16/tf32 compute, fp32 master weights and solver history
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="how layers compute (weights and solver history stay fp32)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -44,12 +47,14 @@ def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
 
 
 def run(args: argparse.Namespace) -> int:
+    from caffe2jax.api import default_precision
     from caffe2jax.runtime.solver_loop import SolverLoop
 
     log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
     use_bar = args.progress == "bar" or (args.progress == "auto" and logs.is_terminal())
     logger = logs.setup(log_file, console=not use_bar)
-    solver = SolverLoop(args.solver, logger=logger)
+    with default_precision(args.precision):  # issue 13: nets the loop compiles use it
+        solver = SolverLoop(args.solver, logger=logger)
     if args.iterations is not None:
         if args.iterations < 0:
             raise CaffeError(f"--iterations must be >= 0, got {args.iterations}")
