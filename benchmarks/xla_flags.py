@@ -30,7 +30,8 @@ OFF = {
     "xla_cpu_experimental_xnn_graph_fusion_mode": "XNN_GRAPH_FUSION_MODE_DISABLED",
 }
 SETTINGS = {
-    "XLA default (Eigen)": {},
+    "jaxlib defaults (no XLA_FLAGS)": None,
+    "all library paths off (Eigen)": {},
     "xnnpack": {"xla_cpu_use_xnnpack": "true"},
     "xnnpack + graph fusion greedy": {
         "xla_cpu_use_xnnpack": "true",
@@ -58,7 +59,9 @@ def flags(setting: dict[str, str]) -> str:
     return " ".join(f"--{k}={v}" for k, v in {**OFF, **setting}.items())
 
 
-def environment(sweep: str, setting: dict[str, str]) -> dict[str, str]:
+def environment(sweep: str, setting: dict[str, str] | None) -> dict[str, str]:
+    if setting is None:
+        return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if sweep == "layout":
         return {**os.environ, "XLA_FLAGS": flags({}), **setting}
     return {**os.environ, "XLA_FLAGS": flags(setting)}
@@ -118,7 +121,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"sweep-{args.sweep}.md").write_text(text + "\n")
     (RESULTS / f"sweep-{args.sweep}.json").write_text(json.dumps(
-        {"machine": info, "settings": {n: table[n] for n in table}, "times": times,
+        {"machine": info, "settings": {n: table[n] for n in names}, "times": times,
          "died": died}, indent=1) + "\n")  # fmt: skip
     return 0
 

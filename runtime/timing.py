@@ -42,6 +42,8 @@ class NetTimes:
     fused_forward_backward_ms: float = 0.0
     compile_forward_s: float = 0.0
     compile_forward_backward_s: float = 0.0
+    trace_forward_s: float = 0.0
+    trace_forward_backward_s: float = 0.0
     compile_layers_s: float = 0.0
     peak_bytes: int = 0
     peak_source: str = ""
@@ -67,11 +69,15 @@ def timed(fn: Callable[[], Any], iterations: int) -> float:
     return (time.perf_counter() - start) / max(iterations, 1) * 1e3
 
 
-def compiled(fn: Callable, *args: Any) -> tuple[Any, float]:
-    """``jax.jit(fn)`` compiled ahead of time for ``args``, and the seconds compiling took."""
+def compiled(fn: Callable, *args: Any) -> tuple[Any, float, float]:
+    """``jax.jit(fn)`` compiled ahead of time for ``args``; the seconds tracing + lowering to
+    StableHLO took, and the seconds XLA's compile took (or loading it from the persistent
+    compilation cache)."""
     start = time.perf_counter()
-    program = jax.jit(fn).lower(*args).compile()
-    return program, time.perf_counter() - start
+    lowered = jax.jit(fn).lower(*args)
+    middle = time.perf_counter()
+    program = lowered.compile()
+    return program, middle - start, time.perf_counter() - middle
 
 
 def _has_loss(model: Model) -> bool:
@@ -124,9 +130,10 @@ def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer
         blobs, _ = model.apply(p, s, x, key)
         return _scalar(model, blobs)
 
-    fwd, out.compile_forward_s = compiled(lambda p, s, x: model.apply(p, s, x, key)[0],
-                                          params, state, inputs)  # fmt: skip
-    fb, out.compile_forward_backward_s = compiled(jax.value_and_grad(loss), params, state, inputs)
+    fwd, out.trace_forward_s, out.compile_forward_s = compiled(
+        lambda p, s, x: model.apply(p, s, x, key)[0], params, state, inputs)  # fmt: skip
+    fb, out.trace_forward_backward_s, out.compile_forward_backward_s = compiled(
+        jax.value_and_grad(loss), params, state, inputs)  # fmt: skip
     out.fused_forward_ms = timed(lambda: fwd(params, state, inputs), iterations)
     out.fused_forward_backward_ms = timed(lambda: fb(params, state, inputs), iterations)
     out.peak_bytes, out.peak_source = _peak([fwd, fb])
@@ -157,14 +164,14 @@ def _per_layer(graph, params, state, env, key, iterations) -> tuple[list[LayerTi
             blobs, _ = graph.run({**params, **p}, state, bottoms, key, start=k, stop=k + 1)
             return [blobs[t] for t in tops]
 
-        fwd, c1 = compiled(run, p, bottoms)
+        fwd, t1, c1 = compiled(run, p, bottoms)
         vjp_of = jax.jit(lambda p, b, run=run: jax.vjp(run, p, b))
         start = time.perf_counter()
         tops, pullback = jax.block_until_ready(vjp_of(p, bottoms))
         c2 = time.perf_counter() - start
         ones = [jnp.ones_like(t) for t in tops]
-        bwd, c3 = compiled(lambda f, d: f(d), pullback, ones)
-        compile_s += c1 + c2 + c3
+        bwd, t3, c3 = compiled(lambda f, d: f(d), pullback, ones)
+        compile_s += t1 + c1 + c2 + t3 + c3
         forward_ms = timed(partial(fwd, p, bottoms), iterations)
         times.append(LayerTime(caffe.name, forward_ms, timed(partial(bwd, pullback, ones),
                                                              iterations)))  # fmt: skip

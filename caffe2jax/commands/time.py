@@ -95,6 +95,7 @@ def _report(log, t, iterations: int) -> None:
     log.info(f"Fused forward (one XLA program): {t.fused_forward_ms:.5g} ms.")
     log.info(f"Fused forward-backward (one XLA program, from {seed}): "
              f"{t.fused_forward_backward_ms:.5g} ms.")  # fmt: skip
-    log.info(f"Compile time: forward {t.compile_forward_s:.3g} s, forward-backward "
-             f"{t.compile_forward_backward_s:.3g} s.")  # fmt: skip
+    log.info(f"Compile time (XLA, or the compilation cache): forward {t.compile_forward_s:.3g} "
+             f"s, forward-backward {t.compile_forward_backward_s:.3g} s; tracing to StableHLO "
+             f"{t.trace_forward_s:.3g} s and {t.trace_forward_backward_s:.3g} s.")  # fmt: skip
     log.info(f"Peak memory: {t.peak_bytes / 2**20:.1f} MiB ({t.peak_source}).")

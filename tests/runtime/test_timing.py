@@ -71,7 +71,8 @@ def test_time_prints_caffes_lines_and_fills_the_compile_cache(tmp_path):
     for head in ("Average Forward pass", "Average Backward pass", "Average Forward-Backward",
                  "Total Time", "Fused forward (one XLA program)"):  # fmt: skip
         assert any(re.match(rf"^{re.escape(head)}: {number} ms\.$", ln) for ln in lines), head
-    assert any(ln.startswith("Compile time: forward ") for ln in lines)
+    assert any(ln.startswith("Compile time (XLA, or the compilation cache): forward ")
+               for ln in lines)  # fmt: skip
     assert any(ln.startswith("Peak memory: ") for ln in lines)
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert cached
