@@ -63,7 +63,7 @@ def environment(sweep: str, setting: dict[str, str] | None) -> dict[str, str]:
     if setting is None:
         return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if sweep == "layout":
-        return {**os.environ, "XLA_FLAGS": flags({}), **setting}
+        return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **setting}
     return {**os.environ, "XLA_FLAGS": flags(setting)}
 
 
