@@ -48,12 +48,12 @@ def test_a_net_without_loss_is_timed_from_its_outputs():
     assert t.seeded == "outputs" and not t.layers and t.fused_forward_backward_ms > 0
 
 
-def cli(tmp_path, *args, **env):
+def cli(tmp_path, *args, time_args=(), **env):
     model = tmp_path / "tiny.prototxt"
     model.write_text(NET)
     done = subprocess.run(
         [sys.executable, "-m", "caffe2jax", *args, "time", "--model", str(model),
-         "--iterations", "2"],
+         "--iterations", "2", *time_args],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "CAFFE2JAX_CACHE_DIR": str(tmp_path / "cache"), **env},
     )  # fmt: skip
@@ -81,7 +81,10 @@ def test_time_prints_caffes_lines_and_fills_the_compile_cache(tmp_path):
 
 
 def test_compile_cache_off_by_flag_or_environment(tmp_path):
-    cli(tmp_path, "--no-compile-cache")
+    lines = cli(tmp_path, "--no-compile-cache", time_args=("--precision", "bf16",
+                                                          "--no-per-layer"))  # fmt: skip
     assert not (tmp_path / "cache").exists()
+    assert any("precision bf16" in ln for ln in lines)
+    assert not any("\tforward: " in ln for ln in lines)  # --no-per-layer
     cli(tmp_path, CAFFE2JAX_NO_COMPILE_CACHE="1")
     assert not (tmp_path / "cache").exists()
