@@ -11,6 +11,9 @@ import jax.numpy as jnp
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering.graph import Graph, Params
+from caffe2jax.lowering.precision import PRECISIONS, Precision, default_precision
+
+__all__ = ["PRECISIONS", "Model", "compile", "default_precision"]
 
 
 class Model:
@@ -19,6 +22,11 @@ class Model:
     ``net`` is the IR (with every blob's shape), ``inputs`` maps input blob names to shapes,
     ``outputs`` lists the blobs no layer consumes. ``init``, ``apply`` and ``loss`` are pure
     functions of their arguments, ready for ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
+
+    ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
+    :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
+    gradients and returned blobs stay in ``dtype``. ``channels_last`` turns the internal NHWC
+    pass on or off (default: ``lowering/layout.py``'s); blobs and params keep Caffe's layout.
     """
 
     def __init__(
@@ -26,8 +34,10 @@ class Model:
         net: ir.Net,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         dtype: Any = jnp.float32,
+        precision: str | Precision | None = None,
+        channels_last: bool | None = None,
     ):
-        self.graph = Graph(net, input_shapes, dtype)
+        self.graph = Graph(net, input_shapes, dtype, precision, channels_last)
 
     @property
     def net(self) -> ir.Net:
@@ -44,6 +54,10 @@ class Model:
     @property
     def dtype(self) -> Any:
         return self.graph.dtype
+
+    @property
+    def precision(self) -> str:
+        return self.graph.precision.name
 
     def init(self, key: jax.Array | int = 0) -> tuple[Params, Params]:
         """Params and state drawn from each blob's Caffe filler."""
@@ -74,7 +88,8 @@ class Model:
 
     def reshape(self, input_shapes: Mapping[str, Sequence[int]]) -> Model:
         """The same net compiled for other input shapes (params must still fit)."""
-        return Model(self.graph.net, {**self.inputs, **input_shapes}, self.dtype)
+        return Model(self.graph.net, {**self.inputs, **input_shapes}, self.dtype,
+                     self.graph.precision, self.graph.channels_last)  # fmt: skip
 
 
 def compile(  # noqa: A001 - the design card's name for it
@@ -85,6 +100,8 @@ def compile(  # noqa: A001 - the design card's name for it
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dtype: Any = jnp.float32,
+    precision: str | None = None,
 ) -> Model:
-    """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages."""
-    return Model(load_net(source, phase, level, stages), input_shapes, dtype)
+    """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages,
+    computing in ``precision`` (see :class:`Model`)."""
+    return Model(load_net(source, phase, level, stages), input_shapes, dtype, precision)

@@ -27,7 +27,9 @@ from jax import lax
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
+from caffe2jax.lowering import layout
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
+from caffe2jax.lowering.precision import Precision, cast, resolve
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
@@ -75,8 +77,11 @@ class Graph:
         net: ir.Net,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         dtype: Any = jnp.float32,
+        precision: str | Precision | None = None,
+        channels_last: bool | None = None,
     ):
         self.dtype = jnp.dtype(dtype)
+        self.precision = resolve(precision)
         self.phase = net.phase
         self._init = None
         self.lowerings: dict[str, Lowering] = {}
@@ -104,6 +109,10 @@ class Graph:
         )
         self.caffe_layers = insert_splits(self.net)
         self._layer = {layer.name: layer for layer in self.net.layers}
+        if channels_last is None:
+            channels_last = layout.default_channels_last()
+        self.channels_last = channels_last
+        self.nhwc_layers = layout.plan(self.net) if channels_last else frozenset()
         self._index = {layer.name: k for k, layer in enumerate(self.net.layers)}
 
     # -- compile time ---------------------------------------------------------------------
@@ -313,34 +322,59 @@ class Graph:
         its one reader sends back, as Caffe's split blobs hold). A layer whose tops are all in
         ``keep`` is not run: its tops are read from ``env``, as Caffe's backward reads stored
         blobs (a Python data layer must not read its files again in a replay).
+
+        Layers compute in :attr:`precision` (see ``lowering/precision.py``); the blobs returned
+        are in the net's dtype.
         """
+        with jax.default_matmul_precision(self.precision.matmul):
+            env, new_state = self._run(params, state, env, rng, start, stop, taps, keep)
+        if self.precision.casts:
+            env = {name: cast(value, self.dtype) for name, value in env.items()}
+        return env, new_state
+
+    def _run(self, params, state, env, rng, start, stop, taps, keep):
         env = dict(env)
         taps = taps or {}
         for name in taps.keys() & env.keys():
             env[name] = env[name] + taps[name]
         new_state = {name: list(blobs) for name, blobs in state.items()}
         layers = self.caffe_layers
+        nhwc: set[str] = set()  # blobs held channels-last (lowering/layout.py)
+
+        def tap(top):
+            return layout.to_nhwc(taps[top]) if top in nhwc else taps[top]
+
         for k in range(start, len(layers) if stop is None else stop):
             caffe = layers[k]
             if caffe.is_split:
                 value = env[caffe.bottoms[0]]
+                if caffe.bottoms[0] in nhwc:
+                    nhwc.update(caffe.tops)
                 for top in caffe.tops:
-                    env[top] = value + taps[top] if top in taps else value
+                    env[top] = value + tap(top) if top in taps else value
                 continue
             layer = self._layer[caffe.key]
             lowering = self.lowerings[layer.name]
             if lowering.source or (keep and all(t in keep for t in layer.tops)):
                 continue
             backward = self.net.backward[layer.name]
+            dtype = self.precision.layer_dtype(layer.type, self.dtype)
+            channels_last = layer.name in self.nhwc_layers
             bottoms = [
-                env[b] if backward.bottoms[i] else lax.stop_gradient(env[b])
+                cast(env[b] if backward.bottoms[i] else lax.stop_gradient(env[b]), dtype)
                 for i, b in enumerate(caffe.bottoms)
             ]
+            bottoms = [
+                (layout.to_nhwc(x) if b not in nhwc else x)
+                if channels_last
+                else (layout.to_nchw(x) if b in nhwc else x)
+                for b, x in zip(caffe.bottoms, bottoms)
+            ]
             blobs = [
-                b if backward.params[j] else lax.stop_gradient(b)
+                cast(b if backward.params[j] else lax.stop_gradient(b), dtype)
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
-            ctx = Context(self.phase, rng, self.dtype, layer_name=layer.name,
+            ctx = Context(self.phase, rng, dtype, layer_name=layer.name,
                           layer_index=self._index[layer.name])  # fmt: skip
             if layer.name in self.carries:
                 ctx.carry = [
@@ -348,7 +382,11 @@ class Graph:
                     for c in state.get(carry_key(layer.name))
                     or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
                 ]
-            out = lowering.fn(layer, blobs, bottoms, ctx)
+            if channels_last:
+                out = layout.NHWC_FNS[layer.type](layer, blobs, bottoms, ctx)
+                nhwc.update(layer.tops)
+            else:
+                out = lowering.fn(layer, blobs, bottoms, ctx)
             if layer.name in self.carries:
                 out, carried = out
                 new_state[carry_key(layer.name)] = [lax.stop_gradient(c) for c in carried]
@@ -358,8 +396,8 @@ class Graph:
                 for j, value in zip(slots, updated):
                     new_state[layer.name][j] = lax.stop_gradient(value)
             for top, value in zip(layer.tops, out):
-                env[top] = value + taps[top] if top in taps else value
-        return env, new_state
+                env[top] = value + tap(top) if top in taps else value
+        return layout.restore(env, nhwc), new_state
 
     def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:
         """Caffe's net loss: Σ over tops of loss_weight · Σ(top data)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -126,16 +127,26 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 # -- the computations -------------------------------------------------------------------------
 
 
-def _padding(spec: PoolSpec, hw: tuple[int, ...]) -> list[tuple[int, int]]:
+def _spatial(x: jax.Array, nhwc: bool) -> tuple[int, ...]:
+    """(H, W) of an NCHW blob, or of an NHWC one (the internal channels-last layout)."""
+    return tuple(x.shape[1:3] if nhwc else x.shape[2:])
+
+
+def _on_hw(nhwc: bool, hw: tuple, other) -> tuple:
+    """A per-axis tuple with ``hw`` on the spatial axes and ``other`` on N and C."""
+    return (other, *hw, other) if nhwc else (other, other, *hw)
+
+
+def _padding(spec: PoolSpec, hw: tuple[int, ...], nhwc: bool = False) -> list[tuple[int, int]]:
     """reduce_window padding: ``pad`` before, enough after for the last (clipped) window."""
     after = [
         max((o - 1) * s + k - n - p, 0)
         for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad)
     ]
-    return [(0, 0), (0, 0)] + [(p, a) for p, a in zip(spec.pad, after)]
+    return list(_on_hw(nhwc, tuple((p, a) for p, a in zip(spec.pad, after)), (0, 0)))
 
 
-def _window(x: jax.Array, spec: PoolSpec, init: float, op) -> jax.Array:
+def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
     """``op``-reduce every window (padding holds ``init``), cropped to Caffe's output size."""
     out = lax.reduce_window(
         x,
@@ -143,25 +154,81 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op) -> jax.Array:
         # identities as differentiable monoid reductions (a traced init is not).
         np.asarray(init, x.dtype),
         op,
-        (1, 1) + spec.kernel,
-        (1, 1) + spec.stride,
-        _padding(spec, x.shape[2:]),
+        _on_hw(nhwc, spec.kernel, 1),
+        _on_hw(nhwc, spec.stride, 1),
+        _padding(spec, _spatial(x, nhwc), nhwc),
     )
-    return out[:, :, : spec.out[0], : spec.out[1]]
+    crop = _on_hw(nhwc, tuple(slice(0, o) for o in spec.out), slice(None))
+    return out[crop]
 
 
-def max_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
+def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
     """MAX over each window, padding ignored.
 
     JAX differentiates reduce_window max with select_and_scatter_add using a ``>=`` select in
     the window's row-major order, which keeps the first maximum: exactly the element Caffe's
     strict ``>`` scan records in its mask. So autodiff is Caffe's backward, ties included
-    (tests/lowering/test_vision.py checks this on tied inputs).
+    (tests/lowering/test_vision.py checks this on tied inputs). :func:`_max_first` computes
+    the same backward as per-offset selects, faster on CPU for non-overlapping windows.
     """
-    y = _window(x, spec, -jnp.inf, lax.max)
-    if _has_empty_window(spec, x.shape[2:]):  # kernel < stride: Caffe leaves its -FLT_MAX
+    if _slices_backward(spec):
+        y = _max_first(x, spec, nhwc)
+    else:
+        y = _window(x, spec, -jnp.inf, lax.max, nhwc)
+    if _has_empty_window(spec, _spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
         y = jnp.where(jnp.isneginf(y), jnp.asarray(-_FLT_MAX, y.dtype), y)
     return y
+
+
+# How MAX pooling's backward runs: "slices" (one compare-select and one strided scatter per
+# window offset, all fusible), "xla" (reduce_window's select_and_scatter), or "auto": slices
+# where windows do not overlap (kernel ≤ stride), where benchmarks/fast_paths.py --path
+# maxpool measured LeNet's train step 0.74× (overlapping 3×3/2 windows: no gain, 1.05×).
+MAX_BACKWARD = "auto"
+
+
+def _slices_backward(spec: PoolSpec) -> bool:
+    if MAX_BACKWARD == "auto":
+        return all(k <= s for k, s in zip(spec.kernel, spec.stride))
+    return MAX_BACKWARD == "slices"
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _max_first(x: jax.Array, spec: PoolSpec, nhwc: bool) -> jax.Array:
+    """MAX pooling whose backward sends each top diff to the window's first maximum in
+    row-major order (Caffe's mask), written as per-offset selects instead of XLA's
+    select_and_scatter."""
+    return _window(x, spec, -jnp.inf, lax.max, nhwc)
+
+
+def _max_first_fwd(x, spec, nhwc):
+    y = _window(x, spec, -jnp.inf, lax.max, nhwc)
+    return y, (x, y)
+
+
+def _max_first_bwd(spec, nhwc, residuals, dy):
+    x, y = residuals
+    hw = _spatial(x, nhwc)
+    padding = _padding(spec, hw, nhwc)
+    spatial_pad = padding[1:3] if nhwc else padding[2:]
+    padded_hw = [n + lo + hi for n, (lo, hi) in zip(hw, spatial_pad)]
+    taken = jnp.zeros(y.shape, bool)
+    dx = None
+    zero = jnp.zeros((), dy.dtype)
+    offsets = [(i, j) for i in range(spec.kernel[0]) for j in range(spec.kernel[1])]
+    for (i, j), value in zip(offsets, _offset_slices(x, spec, -jnp.inf, nhwc)):
+        hit = (value == y) & ~taken
+        taken = taken | hit
+        spread = [(o, n - o - (m - 1) * s - 1, s - 1)
+                  for o, n, m, s in zip((i, j), padded_hw, spec.out, spec.stride)]  # fmt: skip
+        part = lax.pad(jnp.where(hit, dy, zero), zero, list(_on_hw(nhwc, tuple(spread), (0, 0, 0))))
+        dx = part if dx is None else dx + part
+    before = [lo for lo, _ in spatial_pad]
+    crop = _on_hw(nhwc, tuple(slice(lo, lo + n) for lo, n in zip(before, hw)), slice(None))
+    return (dx[crop],)
+
+
+_max_first.defvjp(_max_first_fwd, _max_first_bwd)
 
 
 def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
@@ -180,20 +247,27 @@ def _divisor(spec: PoolSpec, hw: tuple[int, ...], dtype) -> jax.Array:
     return sizes[0][:, None] * sizes[1][None, :]
 
 
-def ave_pool(x: jax.Array, spec: PoolSpec) -> jax.Array:
-    """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    total = _window(x, spec, 0.0, lax.add)
-    return total / _divisor(spec, x.shape[2:], x.dtype)
+def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
+    """AVE: the zero-padded window sum over Caffe's clipped window size (one broadcast divide,
+    which XLA fuses into the window sum's consumer)."""
+    total = _window(x, spec, 0.0, lax.add, nhwc)
+    divisor = _divisor(spec, _spatial(x, nhwc), x.dtype)
+    if nhwc:
+        divisor = divisor[:, :, None]
+    return total / divisor
 
 
-def _offset_slices(x: jax.Array, spec: PoolSpec, fill: float):
+def _offset_slices(x: jax.Array, spec: PoolSpec, fill: float, nhwc: bool = False):
     """For each window offset (i, j) in row-major order: the strided view of the input at that
-    offset of every window (shape (N, C, *out)), the input padded with ``fill``."""
-    padded = jnp.pad(x, _padding(spec, x.shape[2:]), constant_values=fill)
+    offset of every window (shape (N, C, *out), or (N, *out, C) with ``nhwc``), the input
+    padded with ``fill``."""
+    padded = jnp.pad(x, _padding(spec, _spatial(x, nhwc), nhwc), constant_values=fill)
     (kh, kw), (sh, sw), (oh, ow) = spec.kernel, spec.stride, spec.out
     for i in range(kh):
         for j in range(kw):
-            yield padded[:, :, i : i + (oh - 1) * sh + 1 : sh, j : j + (ow - 1) * sw + 1 : sw]
+            rows = slice(i, i + (oh - 1) * sh + 1, sh)
+            cols = slice(j, j + (ow - 1) * sw + 1, sw)
+            yield padded[_on_hw(nhwc, (rows, cols), slice(None))]
 
 
 def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
@@ -231,6 +305,11 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     threshold = u * running[..., -1]
     chosen = lax.stop_gradient(jnp.argmax(running >= threshold[..., None], axis=-1))
     return jnp.take_along_axis(patches, chosen[..., None], axis=-1)[..., 0]
+
+
+def pool_nhwc(x: jax.Array, spec: PoolSpec) -> jax.Array:
+    """MAX or AVE pooling of a channels-last ``x`` (N, H, W, C) (see ``lowering/layout.py``)."""
+    return max_pool(x, spec, nhwc=True) if spec.method == MAX else ave_pool(x, spec, nhwc=True)
 
 
 def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:

@@ -184,6 +184,22 @@ def _(layer: ir.Layer, bottom_shapes) -> list[ParamDecl]:
     return _conv_decls(layer, bottom_shapes, transposed=False)
 
 
+def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
+    """ConvolutionLayer on a channels-last 2-D ``x`` (N, H, W, C) → (N, H', W', num_output),
+    the weights still Caffe's (num_output, C/group, kh, kw) (see ``lowering/layout.py``)."""
+    geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
+    y = lax.conv_general_dilated(
+        x,
+        params[0],
+        geometry.stride,
+        [(p, p) for p in geometry.pad],
+        rhs_dilation=geometry.dilation,
+        feature_group_count=layer.param.convolution_param.group,
+        dimension_numbers=("NHWC", "OIHW", "NHWC"),
+    )
+    return y + params[1] if layer.param.convolution_param.bias_term else y
+
+
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:
     """Deconvolution weights (C, num_output/g, *k) as the OIHW kernel of the equivalent
     lhs-dilated convolution: (num_output, C/g, *k), spatially flipped."""
@@ -269,18 +285,28 @@ def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     n = p.local_size
     if n % 2 != 1:
         raise fail(layer, f"LRN only supports odd values for local_size, got {n}")
+    return [lrn_values(p, x)]
+
+
+def lrn_values(p, x: jax.Array, nhwc: bool = False) -> jax.Array:
+    """LRN of an NCHW ``x``, or of a channels-last one with ``nhwc`` (``lowering/layout.py``)."""
+    n = p.local_size
     half = (n - 1) // 2
     zero = np.zeros((), x.dtype)  # concrete under jit: a differentiable monoid reduction
+    c = 3 if nhwc else 1
+    spatial = (1, 2) if nhwc else (2, 3)
     if p.norm_region == caffe_pb2.LRNParameter.ACROSS_CHANNELS:
-        window = lax.reduce_window(
-            x * x, zero, lax.add, (1, n, 1, 1), (1,) * 4, [(0, 0), (half, half), (0, 0), (0, 0)]
-        )
+        dims, pad = [1] * 4, [(0, 0)] * 4
+        dims[c], pad[c] = n, (half, half)
+        window = lax.reduce_window(x * x, zero, lax.add, dims, (1,) * 4, pad)
         scale = p.k + (p.alpha / n) * window
     else:
-        pad = [(0, 0), (0, 0), (half, half), (half, half)]
-        window = lax.reduce_window(x * x, zero, lax.add, (1, 1, n, n), (1,) * 4, pad)
+        dims, pad = [1] * 4, [(0, 0)] * 4
+        for a in spatial:
+            dims[a], pad[a] = n, (half, half)
+        window = lax.reduce_window(x * x, zero, lax.add, dims, (1,) * 4, pad)
         scale = 1.0 + (p.alpha / (n * n)) * window
-    return [x * scale ** jnp.asarray(-p.beta, x.dtype)]
+    return x * scale ** jnp.asarray(-p.beta, x.dtype)
 
 
 @register("Crop", counts=(2, 2, 1, 1))

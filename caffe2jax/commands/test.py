@@ -17,14 +17,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
     p.add_argument("--level", type=int, default=0)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="how layers compute (weights stay fp32)")  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from caffe2jax.api import default_precision
     from caffe2jax.pycaffe import Net
 
     log = logs.setup(None)
-    net = Net(args.model, args.phase, level=args.level, stages=args.stage, weights=args.weights)
+    with default_precision(args.precision):
+        net = Net(args.model, args.phase, level=args.level, stages=args.stage,
+                  weights=args.weights)  # fmt: skip
     try:
         score(net, args.iterations, log)
     finally:

@@ -44,6 +44,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="a progress bar (terminals, by default) or Caffe's log lines on stderr",
     )
     _add_device_flags(p)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="how layers compute (weights and solver history stay fp32)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -196,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from caffe2jax.api import default_precision
     from caffe2jax.runtime.devices import is_primary, select
     from caffe2jax.runtime.solver_loop import SolverLoop
 
@@ -213,7 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     # Caffe's root solver logs; other processes keep quiet (their warnings still show)
     logger = (logs.setup(log_file, console=not use_bar, append=bool(args.snapshot))
               if is_primary() else _quiet_logger())  # fmt: skip
-    solver = SolverLoop(args.solver, logger=logger, devices=gpu)
+    with default_precision(args.precision):  # nets the loop compiles compute in it
+        solver = SolverLoop(args.solver, logger=logger, devices=gpu)
     if args.iterations is not None:
         solver.param.max_iter = args.iterations
     if args.weights:

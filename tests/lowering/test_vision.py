@@ -98,6 +98,14 @@ def test_max_pool_ties_route_to_first_max(k, s, p):
     np.testing.assert_allclose(dx, backward(dy), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["slices", "xla"])
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 3, 0), (2, 2, 1)])
+def test_max_pool_backward_forms_both_route_to_first_max(mode, k, s, p, monkeypatch):
+    """MAX pooling's two backward forms (per-offset selects, XLA's select_and_scatter)."""
+    monkeypatch.setattr(pooling, "MAX_BACKWARD", mode)
+    test_max_pool_ties_route_to_first_max(k, s, p)
+
+
 @pytest.mark.parametrize(
     "size,k,s,p,ceil,expected",
     [

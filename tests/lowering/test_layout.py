@@ -1,0 +1,120 @@
+"""The channels-last pass (lowering/layout.py) changes no result beyond float rounding.
+
+Each net runs twice from the same weights and inputs, pass on and off: every blob ``apply``
+returns, the loss and every param gradient must agree to float rounding, and every blob must
+come back in Caffe's (N, C, H, W) shape.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from caffe2jax.api import Model
+from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.layout import plan
+from caffe2jax.runtime.weights import load_weights
+from tests.golden import GOLDEN, require
+from tests.lowering.nets import one_layer
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+NETS = require(GOLDEN / "nets")
+GOLDEN_NETS = ["lenet_train", "cifar10_quick_train", "cifar10_full_sigmoid_bn_train",
+               "cifar10_quick_deploy", "lenet_deploy"]  # fmt: skip
+RTOL = 1e-5  # relative to each array's largest magnitude: float32 rounding of reordered sums
+
+
+def close(ours, theirs, what: str) -> None:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape, what
+    scale = max(np.abs(theirs).max(), 1e-30)
+    assert np.abs(ours - theirs).max() <= RTOL * scale, (what, np.abs(ours - theirs).max(), scale)
+
+
+def both(net, shapes=None) -> tuple[Model, Model]:
+    return Model(net, shapes, channels_last=True), Model(net, shapes, channels_last=False)
+
+
+def compare(on: Model, off: Model, params, state, inputs) -> None:
+    key = jax.random.key(3)
+    grad = jax.value_and_grad(lambda m, p: m.loss(p, state, inputs, key), argnums=1, has_aux=True)
+    (loss_on, (blobs_on, _)), g_on = grad(on, params)
+    (loss_off, (blobs_off, _)), g_off = grad(off, params)
+    close(loss_on, loss_off, "loss")
+    assert blobs_on.keys() == blobs_off.keys()
+    for name in blobs_off:
+        close(blobs_on[name], blobs_off[name], name)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_on), jax.tree.leaves(g_off)):
+        close(a, b, f"grad {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("case", GOLDEN_NETS)
+def test_golden_nets_same_with_channels_last(case):
+    phase = "TRAIN" if case.endswith("train") else "TEST"
+    net = load_net(NETS / f"{case}.prototxt", phase)
+    batch = 4
+    source = Model(net, None if phase == "TEST" else
+                   {"data": (batch, *_data_shape(case)), "label": (batch,)})  # fmt: skip
+    on, off = both(source.net, source.inputs)
+    assert on.graph.nhwc_layers, "the pass chose no layer: nothing was tested"
+    assert not off.graph.nhwc_layers
+    params, state = load_weights(NETS / f"{case}.caffemodel", off)
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.uniform(0, 1, shape).astype(np.float32)
+              for name, shape in off.inputs.items()}  # fmt: skip
+    if "label" in inputs:
+        inputs["label"] = rng.integers(0, 10, off.inputs["label"]).astype(np.float32)
+    compare(on, off, params, state, inputs)
+
+
+def _data_shape(case: str) -> tuple[int, ...]:
+    return (1, 28, 28) if case.startswith("lenet") else (3, 32, 32)
+
+
+LAYERS = {
+    "conv_group_dilated_strided": ('type: "Convolution" bottom: "x" top: "y" convolution_param '
+                                   '{ num_output: 6 kernel_size: 3 stride: 2 pad: 2 dilation: 2 '
+                                   'group: 2 weight_filler { type: "gaussian" } '
+                                   'bias_filler { type: "gaussian" } }'),
+    "pool_max_ceil_pad": ('type: "Pooling" bottom: "x" top: "y" pooling_param '
+                          '{ pool: MAX kernel_size: 3 stride: 2 pad: 1 }'),
+    "pool_ave_ceil": ('type: "Pooling" bottom: "x" top: "y" pooling_param '
+                      '{ pool: AVE kernel_size: 3 stride: 2 }'),
+    "pool_max_kernel_lt_stride": ('type: "Pooling" bottom: "x" top: "y" pooling_param '
+                                  '{ pool: MAX kernel_size: 2 stride: 3 }'),
+    "lrn_across": 'type: "LRN" bottom: "x" top: "y" lrn_param { local_size: 3 alpha: 0.5 }',
+    "lrn_within": ('type: "LRN" bottom: "x" top: "y" lrn_param '
+                   '{ local_size: 3 alpha: 0.5 norm_region: WITHIN_CHANNEL }'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(LAYERS))
+def test_layer_same_after_a_convolution(case):
+    """Each channels-last form behind a convolution (which starts a channels-last chain)."""
+    conv = ('type: "Convolution" bottom: "data" top: "x" convolution_param '
+            '{ num_output: 4 kernel_size: 1 weight_filler { type: "gaussian" } }')  # fmt: skip
+    body = conv + '\n}\nlayer {\n  name: "layer2"\n' + LAYERS[case]
+    model = one_layer(body, {"data": (2, 3, 9, 11)}, phase="TRAIN")
+    on, off = both(model.net, model.inputs)
+    assert on.graph.nhwc_layers == {"layer", "layer2"}, on.graph.nhwc_layers
+    params, state = off.init(0)
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 11)).astype(np.float32)
+    x[0, :, :2, :2] = 0.5  # ties inside pooling windows
+    compare(on, off, params, state, {"data": x})
+
+
+def test_plan_starts_at_a_convolution():
+    """A pooling or ReLU that reads no channels-last blob stays NCHW (two transposes for
+    nothing); a Concat on axis 2 or an unsupported type ends the chain."""
+    text = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 6 dim: 6 } } }
+layer { name: "pool0" type: "Pooling" bottom: "data" top: "p0" pooling_param { pool: MAX kernel_size: 2 } }
+layer { name: "conv" type: "Convolution" bottom: "p0" top: "c" convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "cat" type: "Concat" bottom: "c" bottom: "c" top: "cat" concat_param { axis: 2 } }
+layer { name: "sig" type: "Sigmoid" bottom: "c" top: "s" }
+"""  # noqa: E501
+    model = Model(load_net(text, "TEST"))
+    assert plan(model.net) == {"conv", "relu"}

@@ -1,0 +1,74 @@
+"""Compute precision (lowering/precision.py): fp32 is Caffe's; bf16 computes the heavy layers in
+bfloat16 while params, gradients and returned blobs stay float32."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import caffe2jax
+from caffe2jax.api import default_precision
+from caffe2jax.frontend.errors import NetError
+from caffe2jax.runtime.weights import load_weights
+from tests.golden import GOLDEN, require
+
+NETS = require(GOLDEN / "nets")
+LENET = NETS / "lenet_train.prototxt"
+SHAPES = {"data": (8, 1, 28, 28), "label": (8,)}
+
+
+def lenet(precision=None):
+    model = caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES, precision=precision)
+    params, state = load_weights(NETS / "lenet_train.caffemodel", model)
+    rng = np.random.default_rng(0)
+    inputs = {"data": rng.uniform(0, 1, SHAPES["data"]).astype(np.float32),
+              "label": rng.integers(0, 10, 8).astype(np.float32)}  # fmt: skip
+    return model, params, state, inputs
+
+
+def loss_and_grads(model, params, state, inputs):
+    (loss, (blobs, _)), grads = jax.value_and_grad(model.loss, has_aux=True)(params, state, inputs)
+    return loss, blobs, grads
+
+
+def test_bf16_keeps_fp32_params_grads_and_blobs_close_to_fp32():
+    model, params, state, inputs = lenet("bf16")
+    loss, blobs, grads = loss_and_grads(model, params, state, inputs)
+    ref_loss, ref_blobs, ref_grads = loss_and_grads(lenet("fp32")[0], params, state, inputs)
+    assert model.precision == "bf16"
+    for g in jax.tree.leaves(grads):
+        assert g.dtype == jnp.float32  # master weights' gradients stay fp32
+    for name, value in blobs.items():
+        assert value.dtype == ref_blobs[name].dtype, name
+    # bfloat16 keeps 8 mantissa bits: about 3 significant digits through two conv layers
+    assert abs(float(loss) - float(ref_loss)) <= 2e-2 * abs(float(ref_loss))
+    # gradients: the rounding compounds down the backward pass; LeNet's first conv measured
+    # 12 % relative L2 error at cosine 0.993 (the last layer 0.7 %); direction is what SGD uses
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        g, r = np.asarray(g).ravel(), np.asarray(r).ravel()
+        assert np.linalg.norm(g - r) <= 0.2 * np.linalg.norm(r)
+        assert g @ r >= 0.99 * np.linalg.norm(g) * np.linalg.norm(r)
+    assert float(loss) != float(ref_loss), "bf16 computed exactly what fp32 did: not applied"
+
+
+def test_fp32_and_tf32_equal_the_default_on_cpu():
+    _, params, state, inputs = lenet()
+    ref = loss_and_grads(lenet()[0], params, state, inputs)
+    for precision in ("fp32", "tf32"):
+        got = loss_and_grads(lenet(precision)[0], params, state, inputs)
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+
+
+def test_default_precision_scope_reaches_nets_built_inside_and_reshape():
+    with default_precision("bf16"):
+        model = caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES)
+    assert model.precision == "bf16"
+    assert model.reshape({"data": (2, 1, 28, 28), "label": (2,)}).precision == "bf16"
+    assert caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES).precision == "fp32"
+
+
+def test_unknown_precision_names_the_supported_ones():
+    with pytest.raises(NetError, match="unknown precision 'fp16'; supported: fp32, tf32, bf16"):
+        caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES, precision="fp16")
