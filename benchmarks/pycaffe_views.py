@@ -37,7 +37,7 @@ def median_ms(fn, per_block: int) -> float:
     return statistics.median(times)
 
 
-def step_loops(iters: int = 40, read_loss: bool = False) -> tuple[float, float]:
+def step_loops(iters: int = 200, read_loss: bool = False) -> tuple[float, float]:
     import logging
 
     import caffe2jax

@@ -144,6 +144,8 @@ class Net:
     def _compile(self, model: Model) -> None:
         """Views for a (re)compiled model: blobs by Caffe's names, layers, compiled ranges."""
         self._model = self._net.model = model
+        self._inputs = model.inputs  # computed once: forward reads them on every call
+        self._outputs = tuple(model.outputs)
         graph = model.graph
         self._jitted: dict[tuple, Any] = {}
         self._last: tuple | None = None  # what the last forward ran with (for backward)
@@ -216,7 +218,7 @@ class Net:
 
     @property
     def outputs(self) -> list[str]:
-        return list(self._model.outputs)
+        return list(self._outputs)
 
     @property
     def _layer_names(self) -> list[str]:
@@ -293,8 +295,8 @@ class Net:
             raise NetError(f"no layer named '{name}' in net '{self._model.net.name}'") from None
 
     def _reshape_if_needed(self) -> None:
-        shapes = {n: self.blobs[n].shape for n in self._model.inputs}
-        if shapes != self._model.inputs:
+        shapes = {n: self.blobs[n].shape for n in self._inputs}
+        if shapes != self._inputs:
             self.reshape()
 
     def _compiled(self, kind: str, lo: int, hi: int):
@@ -359,7 +361,7 @@ class Net:
     def _run_forward(self, lo: int, hi: int) -> None:
         graph = self._model.graph
         if lo == 0:
-            env = self._blob_env((self._input_version[n], n) for n in self._model.inputs)
+            env = self._blob_env((self._input_version[n], n) for n in self._inputs)
         else:
             env = self._blob_env(passes.plan(graph, lo, hi).external)
         params, state = self._trees()
@@ -368,7 +370,7 @@ class Net:
         )
         self._last = (params, state, rng)
         for name, version in self._data_version.items():
-            if version in env and name not in self._model.inputs:
+            if version in env and name not in self._inputs:
                 self.blobs[name]._set_data(env[version])
         self._set_params({}, new_state)
         self._sinks.write(env)

@@ -244,7 +244,8 @@ class SolverLoop:
             if (p.snapshot and self.iter % p.snapshot == 0) or self._snapshot_requested:
                 self._snapshot_requested = False
                 self.snapshot()
-        self._flush_losses()
+        # the losses are folded into the smoothed loss when it is read: waiting for them here
+        # would stall a step(1) loop on every call
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Caffe's Solver::Solve: optionally restore, train to max_iter, snapshot, last test."""
