@@ -32,7 +32,7 @@ from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
-from caffe2jax.lowering.registry import is_carry
+from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.mode import random_seed
 from caffe2jax.runtime import passes
 from caffe2jax.runtime.feeding import Feeder, Sinks
@@ -202,11 +202,9 @@ class Net:
         carries between forwards (not Caffe blobs) are kept aside. ``_params_version`` counts
         these changes (a solver notices a forward that moved BatchNorm's statistics)."""
         self._params_version = getattr(self, "_params_version", 0) + 1
+        self._carry.update({name: list(c) for name, c in carry_of(state).items()})
         for tree in (params, state):
             for name, values in tree.items():
-                if is_carry(name):
-                    self._carry[name] = list(values)
-                    continue
                 for j, value in enumerate(values):
                     if value is not None and (name, j) in self._param_blobs:
                         self._param_blobs[(name, j)]._set_data(value)
@@ -256,7 +254,7 @@ class Net:
             tree = state if decl.state else params
             blobs = tree.setdefault(name, [None] * len(graph.decls[name]))
             blobs[j] = self._param_blobs[(name, j)]._device()
-        state.update(self._carry)
+        state = NetState(state, self._carry)
         return params, state
 
     def _param_diffs(self) -> dict:

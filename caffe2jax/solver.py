@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from caffe2jax.frontend.errors import SolverError
-from caffe2jax.lowering.registry import is_carry
+from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.pycaffe import Net
 from caffe2jax.runtime import solvers
 from caffe2jax.runtime.solver_loop import SolverLoop
@@ -129,7 +129,8 @@ class Solver:
         ):
             return
         params, state = net._trees()
-        loop.ts = loop.ts.replace(params=params, state={**loop.ts.state, **state})
+        state = NetState({**loop.ts.state, **state}, carry_of(state))
+        loop.ts = loop.ts.replace(params=params, state=state)
         self._pushed = net._params_version
 
     def _push(self, tests: bool = True) -> None:
@@ -217,7 +218,7 @@ class Solver:
 def _unshared(tree: dict, shared: set) -> dict:
     """The slots of ``tree`` a test net owns itself (not taken from the train net)."""
     return {name: [None if (name, j) in shared else v for j, v in enumerate(blobs)]
-            for name, blobs in tree.items() if not is_carry(name)}  # fmt: skip
+            for name, blobs in tree.items()}  # fmt: skip
 
 
 def _solver_class(kind: str) -> type[Solver]:

@@ -33,9 +33,10 @@ from caffe2jax.lowering.precision import Precision, cast, resolve
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
+    NetState,
     ParamDecl,
     Shape,
-    carry_key,
+    carry_of,
     lookup,
 )
 
@@ -254,9 +255,9 @@ class Graph:
             blobs = tree.setdefault(name, [None] * len(self.decls[name]))
             with _at(layers[name]):
                 blobs[j] = fill(decl.filler, decl.shape, draws, self.dtype)
-        for name, decls in self.carries.items():
-            state[carry_key(name)] = [jnp.zeros(d.shape, self.dtype) for d in decls]
-        return params, state
+        carry = {name: [jnp.zeros(d.shape, self.dtype) for d in decls]
+                 for name, decls in self.carries.items()}  # fmt: skip
+        return params, NetState(state, carry)
 
     def layer_blobs(self, layer: ir.Layer, params: Params, state: Params) -> list[jax.Array]:
         """All blobs of ``layer`` in Caffe's order: own params, state, shared (from owner)."""
@@ -337,7 +338,8 @@ class Graph:
         taps = taps or {}
         for name in taps.keys() & env.keys():
             env[name] = env[name] + taps[name]
-        new_state = {name: list(blobs) for name, blobs in state.items()}
+        new_state = NetState({name: list(blobs) for name, blobs in state.items()},
+                             {name: list(c) for name, c in carry_of(state).items()})  # fmt: skip
         layers = self.caffe_layers
         nhwc: set[str] = set()  # blobs held channels-last (lowering/layout.py)
 
@@ -379,7 +381,7 @@ class Graph:
             if layer.name in self.carries:
                 ctx.carry = [
                     lax.stop_gradient(c)
-                    for c in state.get(carry_key(layer.name))
+                    for c in carry_of(state).get(layer.name)
                     or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
                 ]
             if channels_last:
@@ -389,7 +391,7 @@ class Graph:
                 out = lowering.fn(layer, blobs, bottoms, ctx)
             if layer.name in self.carries:
                 out, carried = out
-                new_state[carry_key(layer.name)] = [lax.stop_gradient(c) for c in carried]
+                new_state.carry[layer.name] = [lax.stop_gradient(c) for c in carried]
             if lowering.stateful:
                 out, updated = out
                 slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]

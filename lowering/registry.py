@@ -103,7 +103,7 @@ class Lowering:
     def carry_shapes(self, fn: ParamShapesFn) -> ParamShapesFn:
         """Decorator: declare values the layer carries from one forward to the next (Caffe's
         RecurrentLayer copies its last hidden state into the next forward's first). They are
-        not Caffe blobs: kept in ``state`` under :func:`carry_key`, never in weight files. The
+        not Caffe blobs: kept in ``state.carry`` (:class:`NetState`), never in weight files. The
         lowering reads ``ctx.carry`` and returns ``(tops, new_carry)``."""
         self._carry_shapes = fn
         return fn
@@ -140,16 +140,31 @@ class Lowering:
 
 _REGISTRY: dict[str, Lowering] = {}
 
-CARRY = "#carry"
+
+class NetState(dict):
+    """A net's ``state``: Caffe's state blobs by layer name, as a dict (BatchNorm's mean,
+    variance and scale factor: ``state["bn"]``), and in its own tree ``carry`` the values a
+    layer carries from one forward to the next (RNN/LSTM's h_T, c_T), which are not Caffe blobs
+    and never go into weight files. A pytree: ``jit``/``grad``/``tree.map`` see both."""
+
+    def __init__(self, blobs=(), carry=None):
+        super().__init__(blobs)
+        self.carry: dict[str, list] = dict(carry or {})
+
+    def __repr__(self) -> str:
+        return f"NetState({dict.__repr__(self)}, carry={self.carry!r})"
 
 
-def carry_key(layer_name: str) -> str:
-    """The ``state`` key of a layer's carried values (see :meth:`Lowering.carry_shapes`)."""
-    return layer_name + CARRY
+def carry_of(state: object) -> dict[str, list]:
+    """The carried values of ``state`` (none for a plain dict)."""
+    return getattr(state, "carry", {})
 
 
-def is_carry(key: str) -> bool:
-    return key.endswith(CARRY)
+jax.tree_util.register_pytree_node(
+    NetState,
+    lambda s: ((dict(s), s.carry), None),
+    lambda _, children: NetState(children[0], children[1]),
+)
 
 
 def _range(lo: int, hi: int | None) -> str:

@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from caffe2jax.frontend.errors import SolverError
-from caffe2jax.lowering.registry import is_carry
+from caffe2jax.lowering.registry import carry_of
 from caffe2jax.runtime.devices import (
     DATA,
     is_primary,
@@ -176,7 +176,7 @@ def check_loop(loop: Any) -> None:
                 "cannot be split over devices; multi-device training needs data layers "
                 "(Data, ImageData, HDF5Data, MemoryData, WindowData)"
             )
-        carried = [k for k in net.model.init(jax.random.key(0))[1] if is_carry(k)]
+        carried = list(carry_of(net.model.init(jax.random.key(0))[1]))
         if carried:
             raise SolverError(
                 f"net '{net.model.net.name}': recurrent values carried between "

@@ -27,7 +27,7 @@ from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.python_class import user_errors
-from caffe2jax.lowering.registry import is_carry
+from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime import data_parallel, solvers
 from caffe2jax.runtime.devices import is_primary, make_mesh
 from caffe2jax.runtime.feeding import Feeder, Sinks
@@ -307,7 +307,7 @@ class SolverLoop:
             tree = state if decl.state else params
             blobs = tree.setdefault(name, [None] * len(test.graph.decls[name]))
             blobs[j] = merged[name][j] if (name, j) in shared else mine[name][j]
-        state.update({k: v for k, v in mine.items() if is_carry(k)})
+        state = NetState(state, carry_of(mine))
         return params, state
 
     def test_all(self) -> list[dict[str, float]]:
@@ -335,8 +335,7 @@ class SolverLoop:
             for name in net.model.outputs:
                 value = np.asarray(blobs[name], np.float64)
                 sums[name] = sums.get(name, 0) + value
-        self.test_states[index] = {**self.test_states[index],
-                                   **{k: v for k, v in state.items() if is_carry(k)}}  # fmt: skip
+        self.test_states[index] = NetState(self.test_states[index], carry_of(state))
         self.last_test_env[index] = blobs
         self.tests_run += 1
         if self.param.test_compute_loss:

@@ -21,7 +21,6 @@ from jax.sharding import Mesh
 
 from caffe2jax.api import Model
 from caffe2jax.lowering.graph import Params
-from caffe2jax.lowering.registry import is_carry
 from caffe2jax.runtime.devices import replicate, replicated
 from caffe2jax.runtime.passes import host_tops
 from caffe2jax.runtime.solvers import caffe_solver
@@ -34,7 +33,7 @@ def merge(params: Params, state: Params) -> Params:
     ``state`` (shared slots stay None). Values a layer carries between forwards are not Caffe
     blobs and stay out."""
     out = {}
-    for name in dict.fromkeys([*params, *(k for k in state if not is_carry(k))]):
+    for name in dict.fromkeys([*params, *state]):
         p, s = params.get(name), state.get(name)
         blobs = p if p is not None else s
         out[name] = [

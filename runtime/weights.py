@@ -29,7 +29,7 @@ import numpy as np
 
 from caffe2jax.fileio import atomic_stream
 from caffe2jax.frontend.errors import WeightsError
-from caffe2jax.lowering.registry import carry_key
+from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime import weights_hdf5
 from caffe2jax.runtime.blob import RawBlob, Scanner, WireError, read_blob
 from caffe2jax.runtime.weights_binary import (
@@ -70,6 +70,7 @@ class Target:
         self.model = model
         self.where = where
         self.trees = {False: _copy_tree(params), True: _copy_tree(state)}
+        self.carry = carry_of(state)  # values a layer carries: kept as they are
         self.layers = {layer.name: layer for layer in self.graph.net.layers}
         self.by_name: dict[str, list[str]] = {}
         for key, layer in self.layers.items():
@@ -141,13 +142,14 @@ class Target:
                         slots[j] = fresh[int(is_state)][key][j]
                 if any(v is not None for v in slots):
                     result[key] = slots
+        carry = {}
         for name in self.graph.carries:  # carried values: not in weight files
-            carried = self.trees[True].get(carry_key(name))
+            carried = self.carry.get(name)
             if carried is None:
                 fresh = fresh or self.model.init(0)
-                carried = fresh[1][carry_key(name)]
-            out[1][carry_key(name)] = list(carried)
-        return out
+                carried = carry_of(fresh[1])[name]
+            carry[name] = list(carried)
+        return out[0], NetState(out[1], carry)
 
 
 def _copy_tree(tree: Params | None) -> Params:
