@@ -95,6 +95,18 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, ax, path: str, target: float | None, ylabel: str) -> None:
+    """The target line, labels and legend of a return plot, then the file."""
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xlabel("episode")
+    ax.set_ylabel(ylabel)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _plot(path: str, returns: list[float], target: float | None) -> None:
     """Each episode's return and the mean of the last 100, with the target line."""
     import numpy as np
@@ -106,14 +118,7 @@ def _plot(path: str, returns: list[float], target: float | None) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot(episodes, values, lw=0.6, alpha=0.5, label="return")
     ax.plot(episodes, window, lw=1.8, label="mean of last 100")
-    if target is not None:
-        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
-    ax.set_xlabel("episode")
-    ax.set_ylabel("return")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, target, "return")
 
 
 def run_test(args: argparse.Namespace) -> int:
@@ -160,14 +165,7 @@ def _plot_seeds(path: str, result, target: float | None) -> None:
     ax.fill_between(episodes, q[0], q[4], alpha=0.15, label="min-max")
     ax.fill_between(episodes, q[1], q[3], alpha=0.35, label="25-75%")
     ax.plot(episodes, q[2], lw=1.8, label=f"median of {len(result.seeds)} seeds")
-    if target is not None:
-        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
-    ax.set_xlabel("episode")
-    ax.set_ylabel("mean return of the last 100 episodes")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, target, "mean return of the last 100 episodes")
 
 
 def run_seeds(args: argparse.Namespace) -> int:
