@@ -35,6 +35,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, help="mean return over 100 episodes that solves")
     p.add_argument("--seed", type=int, help="PRNG seed (same seed, same numbers)")
     p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
+    p.add_argument("--gpu", help="split each batch of episodes over devices: 'all' or ids 0,1")
     p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
     p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.caffemodel snapshots")
     p.add_argument(
@@ -214,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.plot:
         _pyplot()  # a missing matplotlib fails now, not after training
-    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon,
+                                    devices=args.gpu)  # fmt: skip
     cfg = trainer.config
     target = args.target if args.target is not None else trainer.target
     print(

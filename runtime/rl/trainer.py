@@ -108,6 +108,7 @@ class PolicyGradientTrainer:
     """
 
     def __init__(self, solver: Any, **options: Any):
+        devices = options.pop("devices", None)
         self.solver_param, folder = read_solver_param(solver)
         self.model: Model = compile_net(_train_net(self.solver_param, folder), phase=ir.TRAIN)
         self.policy = PolicyNet(self.model)
@@ -122,6 +123,7 @@ class PolicyGradientTrainer:
         except ValueError as err:
             raise RLError(f"solver: {err}") from None
         self.tx = self.solver.tx
+        self.mesh = self._mesh(devices)
         self.traces = 0
         self._batch = jax.jit(self._batch_fn)
         self._learn = jax.jit(self._learn_fn)
@@ -129,6 +131,47 @@ class PolicyGradientTrainer:
         self._start = self._continue = self._learn_metrics = None  # uncapped: built on use
 
     # -- setup --------------------------------------------------------------------------------
+
+    def _mesh(self, devices: Any) -> Any:
+        """Several devices (Caffe's -gpu): the episode batch is split over them, each device
+        rolling out batch_size / devices lanes, the rule's gradient summed over all of them
+        by XLA's collectives inside the one program; None for one device."""
+        if devices is None:
+            return None
+        from caffe2jax.runtime.devices import check_batch, make_mesh
+
+        mesh = make_mesh(devices)
+        if mesh is not None:
+            if self.host is not None or self.config.horizon is None:
+                raise RLError(
+                    "several devices need a JAX environment with a step cap (horizon); "
+                    f"'{self.config.env}' runs on one device"
+                )
+            check_batch("rl_param batch_size", self.config.batch_size, mesh)
+        return mesh
+
+    def _place(self, ts: TrainState) -> TrainState:
+        """``ts`` on the mesh: lanes split along the episode batch, the rest replicated."""
+        if self.mesh is None:
+            return ts
+        from caffe2jax.runtime.devices import replicated, sharded
+
+        rep, shard = replicated(self.mesh), sharded(self.mesh)
+        params, state, opt_state, key, episodes = jax.device_put(
+            (ts.params, ts.state, ts.opt_state, ts.key, ts.lanes.episodes), rep
+        )
+        lanes = Lanes(jax.device_put(ts.lanes.last, shard),
+                      jax.device_put(ts.lanes.has_last, shard), episodes)  # fmt: skip
+        return TrainState(params, state, opt_state, key, lanes)
+
+    def _keep_split(self, lanes: Lanes) -> Lanes:
+        """Inside the program: the lanes stay split over the devices."""
+        if self.mesh is None:
+            return lanes
+        from caffe2jax.runtime.devices import sharded
+
+        keep = lambda x: jax.lax.with_sharding_constraint(x, sharded(self.mesh))  # noqa: E731
+        return lanes._replace(last=keep(lanes.last), has_last=keep(lanes.has_last))
 
     def _check_env(self) -> None:
         spec = self.policy.spec
@@ -175,7 +218,7 @@ class PolicyGradientTrainer:
         params, state = self._init(k_init)
         opt_state = self.tx.init(merge(params, state))
         lanes = new_lanes(self.config.batch_size, self.policy.obs_size)
-        return TrainState(params, state, opt_state, k_run, lanes)
+        return self._place(TrainState(params, state, opt_state, k_run, lanes))
 
     # -- the jitted pieces --------------------------------------------------------------------
 
@@ -212,7 +255,7 @@ class PolicyGradientTrainer:
         )
         params, opt_state = self._learn_fn(ts.params, ts.state, ts.opt_state, traj)
         metrics = episode_metrics(traj)
-        return TrainState(params, ts.state, opt_state, key, lanes), metrics
+        return TrainState(params, ts.state, opt_state, key, self._keep_split(lanes)), metrics
 
     # -- driving ------------------------------------------------------------------------------
 
