@@ -127,10 +127,10 @@ def markdown(title: str, rows: list[Row], info: dict) -> str:
 
 
 def write(stem: str, title: str, rows: list[Row], info: dict, command: str,
-          out: Path | None = None) -> Path:  # fmt: skip
-    """Print the markdown table; write ``results/<stem>-<UTC time>.json`` and ``.md`` (or
-    ``out`` + ``.json``/``.md``)."""
-    text = markdown(title, rows, info) + f"\nReproduce: `{command}`\n"
+          out: Path | None = None, text: str | None = None) -> Path:  # fmt: skip
+    """Print the markdown table (``text``, else the generic one); write
+    ``results/<stem>-<UTC time>.json`` and ``.md`` (or ``out`` + ``.json``/``.md``)."""
+    text = (text or markdown(title, rows, info)) + f"\nReproduce: `{command}`\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
     when = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -118,8 +118,14 @@ def _materialize(value: Value, shape: tuple[int, ...], dtype: np.dtype) -> Any:
 
 
 def _fresh(value: Any, dtype: np.dtype) -> np.ndarray:
-    """A writable numpy array of its own (never an alias of a device buffer)."""
-    return np.array(value, dtype=dtype, copy=True)
+    """A writable numpy array of its own (never an alias of a device buffer); a Python
+    layer's exception that reaches this read keeps its own type."""
+    if isinstance(value, np.ndarray):
+        return np.array(value, dtype=dtype, copy=True)
+    from caffe2jax.lowering.python_class import user_errors
+
+    with user_errors():
+        return np.array(value, dtype=dtype, copy=True)
 
 
 class Blob:

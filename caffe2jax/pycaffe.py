@@ -31,7 +31,7 @@ from caffe2jax.blob import Blob
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError, NetError
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.lowering.python_class import user_errors
+from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.mode import random_seed
 from caffe2jax.runtime import passes
@@ -366,6 +366,7 @@ class Net:
         env, new_state, self._net.key, rng = self._compiled("forward", lo, hi)(
             params, state, env, self._net.key
         )
+        settle(self._model.net, env)
         self._last = (params, state, rng)
         for name, version in self._data_version.items():
             if version in env and name not in self._inputs:
@@ -430,6 +431,7 @@ class Net:
         env = self._blob_env(plan.external)
         top_diffs = {name: self.blobs[name]._diff_device() for _, name in plan.seeds}
         diffs, grads, _ = fn(params, state, env, rng, top_diffs)
+        settle(self._model.net, (diffs, grads))
         for name, value in diffs.items():
             self.blobs[name]._set_diff(value)
         mask = passes.param_mask(self._model.graph, lo, hi)

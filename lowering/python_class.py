@@ -158,6 +158,15 @@ def user_errors() -> Iterator[None]:
         raise original.with_traceback(original.__traceback__) from None
 
 
+def settle(net: ir.Net, tree: Any) -> Any:
+    """Wait for ``tree``'s arrays when ``net`` has Python layers. A GPU returns from a compiled
+    call before it has run, so a layer's exception would otherwise surface at whichever later
+    read waits first; waiting inside :func:`user_errors` raises it from the call that ran it."""
+    if any(layer.type == "Python" for layer in net.layers):
+        jax.block_until_ready(tree)
+    return tree
+
+
 # -- one instance per compiled layer ------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from caffe2jax.fileio import atomic_write, remove_stale_temps
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.lowering.python_class import user_errors
+from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime import data_parallel, solvers
 from caffe2jax.runtime.devices import is_primary, make_mesh
@@ -225,6 +225,7 @@ class SolverLoop:
             self.ts, loss, self.last_outputs, self.last_pass = train_step(
                 self.trainer, self.ts, self._passes(fill)
             )
+            settle(self.train.model.net, (loss, self.ts.params))
             for callback in self.on_gradients_ready:
                 callback()
             self._pending.append((iteration, loss))

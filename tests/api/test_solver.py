@@ -31,11 +31,12 @@ def rel(a, b) -> float:
 
 
 def close(ours, caffe) -> bool:
-    """≤ 1e-5 relative, with a 1e-7 absolute floor: a conv bias feeding BatchNorm has an exact
-    gradient of 0 (BN removes the mean), so both sides hold float32 cancellation noise of
-    ~1e-9 there, where a relative error means nothing."""
+    """≤ 1e-5 relative, with a 3e-7 absolute floor: a conv bias feeding BatchNorm has an exact
+    gradient of 0 (BN removes the mean), so both sides hold float32 cancellation noise there,
+    where a relative error means nothing (~1e-8 per element on CPU; an H100's reduction order
+    gave a difference of norm 1.3e-7 over 4 elements)."""
     diff = np.linalg.norm(np.asarray(ours, np.float64) - np.asarray(caffe, np.float64))
-    return diff <= 1e-5 * np.linalg.norm(np.asarray(caffe, np.float64)) + 1e-7
+    return diff <= 1e-5 * np.linalg.norm(np.asarray(caffe, np.float64)) + 3e-7
 
 
 def make_solver(case, tmp_path, rows_from: int = 0):

@@ -53,12 +53,16 @@ def test_bf16_keeps_fp32_params_grads_and_blobs_close_to_fp32():
     assert float(loss) != float(ref_loss), "bf16 computed exactly what fp32 did: not applied"
 
 
-def test_fp32_and_tf32_equal_the_default_on_cpu():
+def test_fp32_is_the_default_and_tf32_equals_it_without_tf32_units():
     _, params, state, inputs = lenet()
     ref = loss_and_grads(lenet()[0], params, state, inputs)
-    for precision in ("fp32", "tf32"):
-        got = loss_and_grads(lenet(precision)[0], params, state, inputs)
-        np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    got = loss_and_grads(lenet("fp32")[0], params, state, inputs)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    # CPUs have no TF32 units: tf32 computes fp32. On a GPU with them the inputs of each
+    # product keep 10 mantissa bits (relative rounding 2^-11 ≈ 5e-4 per product).
+    rtol = 1e-6 if jax.default_backend() == "cpu" else 2e-3
+    got = loss_and_grads(lenet("tf32")[0], params, state, inputs)
+    np.testing.assert_allclose(got[0], ref[0], rtol=rtol)
 
 
 def test_default_precision_scope_reaches_nets_built_inside_and_reshape():

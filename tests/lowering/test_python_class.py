@@ -272,12 +272,13 @@ def test_user_exceptions_keep_their_type_and_message(user_module):
     model = compile_net(raising_net(module, "forward"))
     params, state = model.init(0)
     apply = jax.jit(lambda x: model.apply(params, state, {"x": x})[0]["y"])
+    # a GPU returns from the call before running it: the error comes with the result
     with pytest.raises(problem, match="forward failed on purpose"), user_errors():
-        apply(np.ones((4, 3), np.float32))
+        jax.block_until_ready(apply(np.ones((4, 3), np.float32)))
     model = compile_net(raising_net(module, "backward"))
     grad = jax.jit(jax.grad(lambda x: model.apply(params, state, {"x": x})[0]["y"].sum()))
     with pytest.raises(KeyError, match="backward lost its key"), user_errors():
-        grad(np.ones((4, 3), np.float32))
+        jax.block_until_ready(grad(np.ones((4, 3), np.float32)))
 
 
 def test_top_shape_changing_after_compile_is_refused(user_module):
@@ -288,7 +289,8 @@ def test_top_shape_changing_after_compile_is_refused(user_module):
         pytest.raises(NetError, match="Python layer 'bad': reshape gave top shapes"),
         user_errors(),
     ):
-        jax.jit(lambda x: model.apply(params, state, {"x": x})[0]["y"])(np.ones((4, 3), "f4"))
+        apply = jax.jit(lambda x: model.apply(params, state, {"x": x})[0]["y"])
+        jax.block_until_ready(apply(np.ones((4, 3), "f4")))
 
 
 def test_missing_module_and_class_are_one_line_errors(user_module):

@@ -28,6 +28,7 @@ TOL = 1e-5
 def env_with(devices: int) -> dict[str, str]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"  # the forced devices are CPU devices, also on a GPU machine
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     return env
 

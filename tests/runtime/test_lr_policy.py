@@ -109,7 +109,10 @@ def test_sigmoid_formula() -> None:
     for i in iters:
         e = F(np.exp(D(-F(0.01) * (F(i) - F(500)))))
         want.append(float(F(0.1) * (F(1) / (F(1) + e))))
-    assert got == want
+    # Caffe's exp rounds a double result; XLA:CPU's float32 exp gives the same floats here,
+    # XLA:GPU's is within 1 ulp (an H100 differed by 1 ulp at iteration 499)
+    ulps = 0 if jax.default_backend() == "cpu" else 1
+    np.testing.assert_array_max_ulp(np.float32(got), np.float32(want), maxulp=ulps)
     assert got[3] == float(F(0.05))
 
 

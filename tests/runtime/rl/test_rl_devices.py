@@ -40,7 +40,9 @@ print("OK")
 
 
 def test_episode_batch_split_over_two_devices_equals_one():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # the forced devices are CPU devices, also on a GPU machine
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", WORKER, str(SOLVER)], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
