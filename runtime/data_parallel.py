@@ -30,6 +30,8 @@ from jax.sharding import PartitionSpec as P
 
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.registry import carry_of
+from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.shards import ReadPlan, check_turn, follow, period_plan
 from caffe2jax.runtime.devices import (
     DATA,
     is_primary,
@@ -96,15 +98,22 @@ def test_forward(model: Any, mesh: Mesh) -> Callable:
 
 
 def assemble(slices: Sequence[Mapping[str, Any]], mesh: Mesh) -> dict[str, jax.Array]:
-    """One global batch from this process's per-device batches (in mesh order): each slice
-    is put on its own device, and the devices' slices form one array sharded on its rows."""
+    """One global batch from this process's per-device batches (in mesh order): the devices'
+    slices form one array sharded on its rows. A slice the prefetch thread already put on
+    its device is used as it is; host arrays (MemoryData) are copied to theirs here."""
     devices = [mesh.devices.flat[i] for i in local_slots(mesh)]
     out = {}
     for name in slices[0]:
-        parts = [jax.device_put(s[name], d) for s, d in zip(slices, devices)]
+        parts = [_on(s[name], d) for s, d in zip(slices, devices, strict=True)]
         shape = (parts[0].shape[0] * mesh.size, *parts[0].shape[1:])
         out[name] = jax.make_array_from_single_device_arrays(shape, sharded(mesh), parts)
     return out
+
+
+def _on(x: Any, device: jax.Device) -> jax.Array:
+    if isinstance(x, jax.Array) and x.devices() == {device}:
+        return x
+    return jax.device_put(x, device)
 
 
 def shard_keys(keys: Sequence[jax.Array], mesh: Mesh) -> jax.Array:
@@ -115,17 +124,55 @@ def shard_keys(keys: Sequence[jax.Array], mesh: Mesh) -> jax.Array:
     return jax.random.wrap_key_data(array, impl=impl)
 
 
-def read_round(next_batches: Callable[[], dict], count: int, mesh: Mesh) -> list[dict]:
-    """This process's per-device batches for one round of ``count`` real batches (``count``
-    ≤ devices; missing ones repeat the last batch). Every process reads the round's batches
-    in the same order and keeps those of its own devices, so no device sees a record twice."""
-    mine, last, kept = set(local_slots(mesh)), None, []
-    for slot in range(mesh.size):
-        if slot < count:
-            last = next_batches()
-        if slot in mine:
-            kept.append(last)
-    return kept
+def plan_of(batches: int, mesh: Mesh) -> ReadPlan:
+    """This process's reading of ``batches`` batches in rounds of one batch per device: a
+    train iteration's round (``batches`` = devices) or a test pass (``test_iter``)."""
+    return period_plan(batches, mesh.size, local_slots(mesh), tuple(mesh.devices.flat))
+
+
+def read_round(feeder: Any, plan: ReadPlan, start: int, count: int, mesh: Mesh) -> list[dict]:
+    """This process's per-device batches for the round of ``count`` real batches at
+    ``start`` in ``plan`` (``count`` ≤ devices; missing ones repeat the last batch). Batches
+    of other processes' devices are skipped undecoded (Caffe's ``DataLayer::Skip``), so each
+    record is read once, by the process whose device trains on it; each device's batches are
+    those it gets when one process reads them all."""
+    slots = local_slots(mesh)
+    kept: dict[int, dict] = {slot: {} for slot in slots}
+    for name, source in feeder.sources.items():
+        tops = feeder.layers[name].top_names
+        if isinstance(source, Prefetcher):
+            source.shard(plan)
+            pairs = _prefetched(name, source, plan, start, count)
+        else:
+            pairs = follow(source, plan, start, start + count)
+        for slot, batch in pairs:
+            kept[slot].update(zip(tops, batch, strict=True))
+    return [kept[slot] for slot in slots]
+
+
+def _prefetched(name: str, source: Prefetcher, plan: ReadPlan, start: int,
+                count: int) -> Iterator[tuple[int, Any]]:  # fmt: skip
+    """The round's batches from a prefetch thread following ``plan``, each checked to be
+    the one due for its slot."""
+    for position in range(start, start + count):
+        for slot in plan.targets[position]:
+            tag, batch = source.next_slot()
+            check_turn(name, tag, (position, slot))
+            yield slot, batch
+
+
+def shard_feeders(loop: Any) -> None:
+    """Every prefetching data layer reads by its plan from the start: the train net one
+    round per iteration, each test net its ``test_iter`` batches per pass."""
+    periods = [(loop.train, loop.mesh.size)]
+    periods += [(net, loop.param.test_iter[i]) for i, net in enumerate(loop.tests)]
+    for net, batches in periods:
+        if batches < 1:
+            continue
+        plan = plan_of(batches, loop.mesh)
+        for source in net.feeder.sources.values():
+            if isinstance(source, Prefetcher):
+                source.shard(plan)
 
 
 class FirstSlice(Mapping):
@@ -167,7 +214,7 @@ class Slot(Mapping):
 def check_loop(loop: Any) -> None:
     """What data-parallel training supports: nets fed by data layers, no values carried
     between iterations; on processes other than 0, no snapshots (Caffe's root solver
-    alone snapshots)."""
+    alone snapshots). Then the data layers start reading by their plans."""
     for net in [loop.train, *loop.tests]:
         unfed = set(net.model.inputs) - set(net.feeder.input_shapes())
         if unfed:
@@ -185,6 +232,7 @@ def check_loop(loop: Any) -> None:
     if not is_primary():
         loop.param.snapshot = 0
         loop.param.snapshot_after_train = False
+    shard_feeders(loop)
 
 
 def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, float]:
@@ -196,9 +244,10 @@ def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, 
     params, state = loop.trainer.place(params, state)
     sums: dict[str, Any] = {}
     loss, done, blobs, count = 0.0, 0, None, 0
+    plan = plan_of(iters, loop.mesh)
     while done < iters:
         count = min(n, iters - done)
-        fed = read_round(net.feeder.next_batches, count, loop.mesh)
+        fed = read_round(net.feeder, plan, done, count, loop.mesh)
         keys = []
         for _ in range(count):
             net.key, rng = jax.random.split(net.key)
@@ -223,5 +272,6 @@ def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, 
     return loop.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
 
 
-__all__ = ["FirstSlice", "Slot", "assemble", "check_loop", "first", "read_round", "replicate",
-           "shard_keys", "sharded_step", "test_forward", "test_on_mesh"]  # fmt: skip
+__all__ = ["FirstSlice", "Slot", "assemble", "check_loop", "first", "plan_of", "read_round",
+           "replicate", "shard_feeders", "shard_keys", "sharded_step", "test_forward",
+           "test_on_mesh"]  # fmt: skip

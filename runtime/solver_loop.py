@@ -189,8 +189,8 @@ class SolverLoop:
                 out.append(fill(fed) if fill is not None else fed)
                 continue
             # Caffe's solvers each read their own batch_size: one batch per device
-            fed = data_parallel.read_round(self.train.feeder.next_batches, self.mesh.size,
-                                           self.mesh)  # fmt: skip
+            plan = data_parallel.plan_of(self.mesh.size, self.mesh)
+            fed = data_parallel.read_round(self.train.feeder, plan, 0, self.mesh.size, self.mesh)
             fed = [fill(f) if fill is not None else f for f in fed]
             out.append(data_parallel.assemble(fed, self.mesh))
         return out

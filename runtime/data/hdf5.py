@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import h5py
@@ -137,17 +137,29 @@ class HDF5DataSource(DataSource):
 
     def next_batch(self) -> list[np.ndarray]:
         out = [np.empty(shape, np.float32) for shape in self.top_shapes()]
+        for filled, picks in self._spans():
+            for top, blob in zip(out, self.blobs, strict=True):
+                top[filled : filled + len(picks)] = blob[picks]
+        return out
+
+    def skip(self, batches: int = 1) -> None:
+        """Move past the rows of ``batches`` batches without copying them (files are still
+        loaded, and rows reshuffled, where the batches cross into them, as in Caffe)."""
+        for _ in range(batches):
+            for _ in self._spans():
+                pass
+
+    def _spans(self) -> Iterator[tuple[int, np.ndarray]]:
+        """The (offset in the batch, row indices) runs of one batch, within one file each;
+        the reader moves past each run once the caller has taken it."""
         filled = 0
         while filled < self.batch_size:
             take = min(self.batch_size - filled, len(self.rows) - self.current_row)
-            picks = self.rows[self.current_row : self.current_row + take]
-            for top, blob in zip(out, self.blobs, strict=True):
-                top[filled : filled + take] = blob[picks]
+            yield filled, self.rows[self.current_row : self.current_row + take]
             filled += take
             self.current_row += take
             if self.current_row == len(self.rows):
                 self._end_of_file()
-        return out
 
     def close(self) -> None:
         """Files are read whole and closed at once; nothing to release."""

@@ -63,6 +63,14 @@ class DataSource(ABC):
     def close(self) -> None:
         """Release files and databases."""
 
+    def skip(self, batches: int = 1) -> None:
+        """Move past ``batches`` batches as Caffe's ``DataLayer::Skip`` moves past the records
+        of other solvers: the reader ends exactly where reading them would leave it (cursor,
+        random state, :meth:`get_state`), but nothing is decoded. Readers override this;
+        the fallback reads and drops."""
+        for _ in range(batches):
+            self.next_batch()
+
     # Where a reader stands, for exact resume (beyond Caffe, whose snapshots do not record
     # it): plain fields and numpy Generators, by attribute path; JSON-friendly.
     STATE: tuple[str, ...] = ()
@@ -229,6 +237,17 @@ class DataLayerSource(DataSource):
         self.records_read += self.batch_size
         return records
 
+    def skip(self, batches: int = 1) -> None:
+        """Advance the cursor (or draw the sampler's picks) and the transformer's random
+        numbers; no Datum is parsed."""
+        for _ in range(batches):
+            if self.sampler is not None:
+                self.sampler.draw(self.batch_size)
+            else:
+                self.cursor.skip(self.batch_size)
+                self.records_read += self.batch_size
+            self.transformer.skip(self.batch_size, self.item_shape)
+
     def _restored(self) -> None:
         if self.sampler is None:
             count = sum(1 for _ in self.db.items())
@@ -327,13 +346,25 @@ class ImageDataSource(DataSource):
                 )
             items.append(image)
             labels.append(entry.label)
-            self.pos += 1
-            if self.pos >= len(self.lines):
-                log.debug("%s: restarting data prefetching from start", self.list_path)
-                self.pos = 0
-                if self.shuffle:
-                    self._shuffle()
+            self._advance()
         return [self.transformer(np.stack(items)), np.asarray(labels, dtype=np.float32)]
+
+    def _advance(self) -> None:
+        """Next line; after the last, the first again, reshuffled with ``shuffle``."""
+        self.pos += 1
+        if self.pos >= len(self.lines):
+            log.debug("%s: restarting data prefetching from start", self.list_path)
+            self.pos = 0
+            if self.shuffle:
+                self._shuffle()
+
+    def skip(self, batches: int = 1) -> None:
+        """Advance the list position (reshuffling at each wrap-around) and the transformer's
+        random numbers; no image is read."""
+        for _ in range(batches):
+            for _ in range(self.batch_size):
+                self._advance()
+            self.transformer.skip(self.batch_size, self.item_shape)
 
     def close(self) -> None:
         """Nothing stays open between batches."""

@@ -102,6 +102,13 @@ class DataTransformer:
         cols = np.where(flips[:, None], cols[:, ::-1], cols)
         return flips, rows, cols
 
+    def skip(self, n: int, item_shape: tuple[int, ...]) -> None:
+        """Draw the random numbers a batch of ``n`` items of ``item_shape`` would draw, without
+        touching pixels: a batch skipped for another device leaves the RNG where
+        transforming it would have (the draws depend on the shape alone, never on the data)."""
+        _, h, w = item_shape
+        self._indices(n, h, w)
+
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         """Transform a (N, C, H, W) uint8 or float32 batch into a float32 batch."""
         n, c, h, w = batch.shape
