@@ -31,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering import onednn
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import canonical_axis, fail
 
@@ -165,13 +166,17 @@ def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arra
     _check_extent(layer, geometry, bottoms[0].shape)
 
     def conv(x):
+        group = layer.param.convolution_param.group
+        if onednn.usable(x, params[0]):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+            args = geometry.stride, geometry.pad, geometry.dilation, group
+            return onednn.convolution(x, params[0], *args, channels_last=False)
         return lax.conv_general_dilated(
             x,
             params[0],
             geometry.stride,
             [(p, p) for p in geometry.pad],
             rhs_dilation=geometry.dilation,
-            feature_group_count=layer.param.convolution_param.group,
+            feature_group_count=group,
         )
 
     return [
@@ -188,15 +193,20 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     """ConvolutionLayer on a channels-last 2-D ``x`` (N, H, W, C) → (N, H', W', num_output),
     the weights still Caffe's (num_output, C/group, kh, kw) (see ``lowering/layout.py``)."""
     geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
-    y = lax.conv_general_dilated(
-        x,
-        params[0],
-        geometry.stride,
-        [(p, p) for p in geometry.pad],
-        rhs_dilation=geometry.dilation,
-        feature_group_count=layer.param.convolution_param.group,
-        dimension_numbers=("NHWC", "OIHW", "NHWC"),
-    )
+    group = layer.param.convolution_param.group
+    if onednn.usable(x, params[0]):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+        args = geometry.stride, geometry.pad, geometry.dilation, group
+        y = onednn.convolution(x, params[0], *args, channels_last=True)
+    else:
+        y = lax.conv_general_dilated(
+            x,
+            params[0],
+            geometry.stride,
+            [(p, p) for p in geometry.pad],
+            rhs_dilation=geometry.dilation,
+            feature_group_count=group,
+            dimension_numbers=("NHWC", "OIHW", "NHWC"),
+        )
     return y + params[1] if layer.param.convolution_param.bias_term else y
 
 

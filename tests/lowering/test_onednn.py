@@ -1,0 +1,180 @@
+"""The oneDNN convolution path (CAFFE2JAX_CPU_CONV=onednn, lowering/onednn.py) changes no result
+beyond float rounding.
+
+Every golden per-layer 2-D Convolution case runs with the path on and is checked against real
+Caffe (as tests/lowering/test_golden_layers.py does) and against the path off; the golden nets
+run on and off from the same weights and inputs, channels-last and NCHW: every blob, the loss
+and every param gradient agree to ≤ 1e-5 of each array's largest magnitude. Each test also
+checks that the traced program really calls oneDNN.
+
+oneDNN (the ``onednn-cpu-gomp`` wheel) is in the ``dev`` extra on Linux x86-64, so there a
+missing library fails these tests; elsewhere (no such wheel) they skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+
+import jax
+import numpy as np
+import pytest
+
+import caffe2jax
+from caffe2jax.api import Model
+from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering import onednn
+from caffe2jax.runtime.weights import load_weights
+from tests.golden import GOLDEN, load_npz, require
+from tests.lowering.test_golden_layers import rel_err
+from tests.lowering.test_layout import GOLDEN_NETS, _data_shape
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+if jax.default_backend() != "cpu":
+    pytest.skip("the oneDNN path is CPU-only", allow_module_level=True)
+if (platform.system(), platform.machine()) != ("Linux", "x86_64"):
+    pytest.skip("onednn-cpu-gomp ships for Linux x86-64 only", allow_module_level=True)
+
+LAYERS = require(GOLDEN / "layers")
+NETS = require(GOLDEN / "nets")
+CONV_CASES = sorted(
+    p.stem for p in LAYERS.glob("conv*.npz") if load_npz(p)[1]["type"] == "Convolution"
+)
+RTOL = 1e-5
+
+
+@contextlib.contextmanager
+def path(on: bool):
+    """The env var is read when a convolution is traced: set it around the trace only."""
+    old = os.environ.get(onednn.ENV)
+    os.environ[onednn.ENV] = "onednn" if on else "xla"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(onednn.ENV)
+        else:
+            os.environ[onednn.ENV] = old
+
+
+def close(ours, theirs, what: str) -> None:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape, what
+    scale = max(np.abs(theirs).max(), 1e-30)
+    assert np.abs(ours - theirs).max() <= RTOL * scale, (what, np.abs(ours - theirs).max(), scale)
+
+
+def calls_onednn(fn, *args) -> bool:
+    return "caffe2jax_onednn_fwd" in str(jax.make_jaxpr(fn)(*args))
+
+
+def test_library_loads():
+    assert onednn.available() is None, onednn.available()
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_golden_convolution_case(case):
+    """Caffe's forward, bottom diff and weight/bias diffs, with oneDNN; and equal to XLA's."""
+    arrays, meta = load_npz(LAYERS / f"{case}.npz")
+    model = caffe2jax.compile(str(arrays["prototxt"]), phase=meta["phase"])
+    params, state = model.init(0)
+    for i in range(len(meta["params"])):
+        params["layer"][i] = np.asarray(arrays[f"param__{i}"])
+    inputs = {n: arrays[f"in__{n}"] for n in model.inputs}
+    tops = [t["name"] for t in meta["tops"]]
+    cotangents = [np.asarray(arrays[f"topdiff__{t}"], np.float32) for t in tops]
+
+    results = {}
+    for on in (True, False):
+
+        def forward(params, inputs):  # a new function each time: traces are cached per function
+            blobs, _ = model.apply(params, state, inputs, jax.random.key(0))
+            return [blobs[t] for t in tops]
+
+        with path(on):
+            two_d = len(next(iter(inputs.values())).shape) == 4
+            assert calls_onednn(forward, params, inputs) == (on and two_d), case
+            outs, vjp = jax.vjp(forward, params, inputs)
+            results[on] = outs, *vjp(cotangents)
+    outs, grad_params, grad_inputs = results[True]
+    for top, out in zip(tops, outs):
+        assert rel_err(out, arrays[f"out__{top}"]) <= 1e-5, f"forward top '{top}'"
+    for name in grad_inputs:
+        if f"grad__{name}" in arrays:
+            assert rel_err(grad_inputs[name], arrays[f"grad__{name}"]) <= 1e-5, name
+    for i in range(len(meta["params"])):
+        if f"paramgrad__{i}" in arrays:
+            assert rel_err(grad_params["layer"][i], arrays[f"paramgrad__{i}"]) <= 1e-5, i
+    for (p, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(results[True]), jax.tree.leaves(results[False])
+    ):
+        close(a, b, f"on vs off {jax.tree_util.keystr(p)}")
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("case", GOLDEN_NETS)
+def test_golden_net_same_with_onednn(case, channels_last):
+    phase = "TRAIN" if case.endswith("train") else "TEST"
+    net = load_net(NETS / f"{case}.prototxt", phase)
+    batch = 4
+    shapes = None if phase == "TEST" else {"data": (batch, *_data_shape(case)), "label": (batch,)}
+    source = Model(net, shapes)
+    model = Model(source.net, source.inputs, channels_last=channels_last)
+    params, state = load_weights(NETS / f"{case}.caffemodel", model)
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.uniform(0, 1, shape).astype(np.float32)
+              for name, shape in model.inputs.items()}  # fmt: skip
+    if "label" in inputs:
+        inputs["label"] = rng.integers(0, 10, model.inputs["label"]).astype(np.float32)
+    key = jax.random.key(3)
+    results = {}
+    for on in (True, False):
+
+        def loss(p):  # a new function each time: traces are cached per function
+            return model.loss(p, state, inputs, key)
+
+        with path(on):
+            assert calls_onednn(loss, params) == on
+            results[on] = jax.value_and_grad(loss, has_aux=True)(params)
+    (loss_on, (blobs_on, _)), g_on = results[True]
+    (loss_off, (blobs_off, _)), g_off = results[False]
+    close(loss_on, loss_off, "loss")
+    assert blobs_on.keys() == blobs_off.keys()
+    for name in blobs_off:
+        close(blobs_on[name], blobs_off[name], name)
+    for (p, a), b in zip(jax.tree_util.tree_leaves_with_path(g_on), jax.tree.leaves(g_off)):
+        close(a, b, f"grad {jax.tree_util.keystr(p)}")
+
+
+def test_jitted_train_step_uses_onednn_backward():
+    """Under jit the backward is oneDNN's backward-data and backward-weights primitives."""
+    x = np.random.default_rng(2).standard_normal((3, 7, 9, 4)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal((6, 2, 3, 3)).astype(np.float32)
+
+    def f(x, w):
+        y = onednn.convolution(x, w, (2, 1), (1, 2), (1, 2), 2, channels_last=True)
+        return (y * y).sum()
+
+    def g(x, w):
+        y = jax.lax.conv_general_dilated(
+            x, w, (2, 1), [(1, 1), (2, 2)], rhs_dilation=(1, 2), feature_group_count=2,
+            dimension_numbers=("NHWC", "OIHW", "NHWC"),
+        )  # fmt: skip
+        return (y * y).sum()
+
+    text = jax.jit(jax.grad(f, (0, 1))).lower(x, w).as_text()
+    assert "caffe2jax_onednn_bwd_data" in text and "caffe2jax_onednn_bwd_weights" in text
+    for a, b in zip(jax.jit(jax.grad(f, (0, 1)))(x, w), jax.grad(g, (0, 1))(x, w)):
+        close(a, b, "grad")
+
+
+def test_missing_library_falls_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(onednn, "available", lambda: "no libdnnl here")
+    monkeypatch.setenv(onednn.ENV, "onednn")
+    onednn._warn_once.cache_clear()
+    x = np.ones((1, 5, 5, 2), np.float32)
+    w = np.ones((3, 2, 3, 3), np.float32)
+    with pytest.warns(RuntimeWarning, match="no libdnnl here; convolving with XLA instead"):
+        assert not onednn.usable(x, w)
