@@ -329,11 +329,23 @@ def _conv_for(key: bytes) -> _Conv:
 
 
 def _run(kind, out, ins, opaque, length, status) -> None:
+    key = opaque[:length]
     try:
-        _conv_for(opaque[:length]).run(kind, out, ins)
-    except Exception as error:  # cannot cross the C boundary: say it loudly (ctypes prints it)
-        print(f"caffe2jax: oneDNN {kind} convolution failed: {error!r}", file=sys.stderr)
-        raise
+        _conv_for(key).run(kind, out, ins)
+    except Exception as error:  # an exception cannot cross the C boundary back into XLA
+        poison(kind, key, out)
+        print(f"caffe2jax: oneDNN {kind} convolution failed, its result is NaN: {error!r}",
+              file=sys.stderr)  # fmt: skip
+
+
+def poison(kind: str, key: bytes, out: int) -> None:
+    """Fill a failed call's result with NaN: jaxlib exports no way to fail the XLA call, and
+    a step must not go on with a silently wrong number (the loss turns NaN instead)."""
+    g = Geometry.parse(key)
+    dims = {"fwd": g.y, "bwd_data": g.x, "bwd_weights": g.w}[kind]
+    count = int(np.prod(dims))
+    buffer = (ctypes.c_float * count).from_address(out)
+    np.frombuffer(buffer, np.float32)[:] = np.nan
 
 
 def _call(kind: str, g: Geometry, shape, *operands):

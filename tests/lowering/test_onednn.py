@@ -178,3 +178,20 @@ def test_missing_library_falls_back_with_a_warning(monkeypatch):
     w = np.ones((3, 2, 3, 3), np.float32)
     with pytest.warns(RuntimeWarning, match="no libdnnl here; convolving with XLA instead"):
         assert not onednn.usable(x, w)
+
+
+def test_a_failed_call_gives_nan_not_a_wrong_number(monkeypatch, capfd):
+    """A oneDNN failure inside the compiled program cannot raise through XLA: the result is
+    NaN (so the loss is) and stderr says why."""
+    x = np.random.default_rng(4).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    w = np.random.default_rng(5).standard_normal((4, 3, 3, 3)).astype(np.float32)
+
+    def boom(self, kind, out, ins):
+        raise MemoryError("scratch allocation failed")
+
+    f = jax.jit(lambda x, w: onednn.convolution(x, w, (1, 1), (1, 1), (1, 1), 1, False))
+    assert np.isfinite(np.asarray(f(x, w))).all()
+    monkeypatch.setattr(onednn._Conv, "run", boom)
+    y = np.asarray(f(x + 1, w))
+    assert y.shape == (2, 4, 5, 5) and np.isnan(y).all()
+    assert "oneDNN fwd convolution failed, its result is NaN" in capfd.readouterr().err
