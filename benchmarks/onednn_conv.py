@@ -1,6 +1,6 @@
 """Does oneDNN's convolution, called from inside the jitted program, beat XLA:CPU's?
 
-    pip install onednn-cpu-gomp && python benchmarks/onednn_conv.py [--blocks 7]
+    pip install onednn-cpu-gomp && python benchmarks/onednn_conv.py [--blocks 7] [--steps|--sizes]
 
 CIFAR-10 quick's three convolutions at batch 100 and LeNet's two at batch 64, channels-last
 activations and Caffe (OIHW) weights as ``lowering/layout.py`` runs them: ``fwd`` (the top) and
@@ -108,18 +108,50 @@ def steps(blocks: int) -> None:
     print("|---|---|---|---|")
     for title, prototxt, shape, calls in cases:
         runs = {}
-        for v in ("onednn", "xla"):  # the env var is read when the step is traced
+        for v in ("onednn-all", "xla"):  # the env var is read when the step is traced
             os.environ[onednn.ENV] = v
             runs[v] = cpu_table.train_step(prototxt, shape, 0.001, 0.9, 4e-3, "fp32")
             for _ in range(3):
                 jax.block_until_ready(runs[v]())
         os.environ.pop(onednn.ENV)
+        times = {"xla": [], "onednn-all": []}
+        for _ in range(blocks):
+            for v in times:
+                times[v].append(time_block(runs[v], (), calls))
+        tx, to = statistics.median(times["xla"]), statistics.median(times["onednn-all"])
+        print(f"| {title} | {tx:.2f} | {to:.2f} | {tx / to:.2f}× |", flush=True)
+
+
+# batch, C, H(=W), num_output, kernel, pad, needs bottom diff: the sizes behind onednn.MIN_MACS
+SIZES = [
+    (1, 3, 32, 32, 5, 2, False), (1, 32, 16, 32, 5, 2, True), (1, 32, 8, 64, 5, 2, True),
+    (64, 1, 8, 20, 5, 2, False), (64, 20, 4, 50, 5, 2, True), (8, 3, 32, 32, 5, 2, False),
+    (8, 32, 16, 32, 5, 2, True), (8, 32, 8, 64, 5, 2, True), (32, 32, 16, 32, 5, 2, True),
+    (16, 1, 28, 20, 5, 0, False), (16, 20, 12, 50, 5, 0, True), (1, 192, 28, 64, 1, 0, True),
+    (1, 96, 28, 128, 3, 1, True), (1, 16, 28, 32, 5, 2, True),
+]  # fmt: skip
+
+
+def sizes(blocks: int) -> None:
+    """fwd+bwd of convolutions from 2M to 210M multiply-adds, XLA vs oneDNN (every conv)."""
+    rng = np.random.default_rng(0)
+    print("| N C H→O k | forward MACs | XLA fwd+bwd ms | oneDNN ms | XLA/oneDNN |")
+    print("|---|---|---|---|---|")
+    for n, c, h, o, k, p, dgrad in SIZES:
+        x = jnp.asarray(rng.standard_normal((n, h, h, c), np.float32))
+        w = jnp.asarray(rng.standard_normal((o, c, k, k), np.float32) * 0.1)
+        fns = variants(c, h, o, k, p, dgrad)
+        y = fns["xla", "fwd"](x, w)
+        call = (x, w, jnp.asarray(rng.standard_normal(y.shape, np.float32)))
+        calls = max(3, int(150 / max(time_block(fns["xla", "fwd+bwd"], call, 3), 0.01)))
         times = {"xla": [], "onednn": []}
         for _ in range(blocks):
-            for v in ("xla", "onednn"):
-                times[v].append(time_block(runs[v], (), calls))
+            for v in times:
+                times[v].append(time_block(fns[v, "fwd+bwd"], call, calls))
         tx, to = statistics.median(times["xla"]), statistics.median(times["onednn"])
-        print(f"| {title} | {tx:.2f} | {to:.2f} | {tx / to:.2f}× |", flush=True)
+        macs = n * o * y.shape[1] * y.shape[2] * c * k * k
+        print(f"| {n} {c} {h}→{o} k{k} | {macs / 1e6:.1f}M | {tx:.3f} | {to:.3f} | "
+              f"{tx / to:.2f}× |", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -127,7 +159,11 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--ms-per-block", type=float, default=300.0)
     ap.add_argument("--steps", action="store_true", help="whole train steps instead")
+    ap.add_argument("--sizes", action="store_true", help="the size sweep behind MIN_MACS")
     args = ap.parse_args()
+    if args.sizes:
+        sizes(args.blocks)
+        return
     if args.steps:
         print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
         steps(args.blocks)

@@ -64,9 +64,26 @@ _CALLBACK = ctypes.CFUNCTYPE(
 )
 
 
+# ``onednn``: only convolutions of at least this many forward multiply-adds and more than one
+# input channel per group. Below that, or with one (a first layer on grey images),
+# benchmarks/onednn_conv.py --sizes measured XLA's own convolution as fast or faster
+# (fwd+bwd: 2.5M MACs 0.71×, 9.6M 0.85×, 10M 0.82×; 1 input channel 0.12–0.34×; from 19.7M
+# 0.97–1.71×, and 5.95× on a 4×4 image): the pass through Python costs each call ~0.2 ms.
+MIN_MACS = 16_000_000
+MODES = ("onednn", "onednn-all")  # the size rule above / every 2-D float32 convolution
+
+
 def wanted() -> bool:
     """Whether ``$CAFFE2JAX_CPU_CONV`` asks for oneDNN convolutions."""
-    return os.environ.get(ENV, "").lower() == "onednn"
+    return os.environ.get(ENV, "").lower() in MODES
+
+
+def worth_it(w_shape, macs: int) -> bool:
+    """Whether a convolution of ``macs`` forward multiply-adds with weights of ``w_shape``
+    takes the oneDNN path under the current mode."""
+    if os.environ.get(ENV, "").lower() == "onednn-all":
+        return True
+    return macs >= MIN_MACS and w_shape[1] > 1
 
 
 def _find_library() -> str:
@@ -396,10 +413,12 @@ def convolution(x, w, stride, pad, dilation, group, channels_last: bool) -> jax.
     return conv2d(g, x, w)
 
 
-def usable(x: jax.Array, w: jax.Array) -> bool:
+def usable(x: jax.Array, w: jax.Array, macs: int) -> bool:
     """Whether this convolution takes the oneDNN path: asked for, on CPU, 2-D, float32, and
     the library loads (if it does not, say why once and let XLA convolve)."""
     if not (wanted() and jax.default_backend() == "cpu" and x.ndim == 4):
+        return False
+    if not worth_it(w.shape, macs):
         return False
     if x.dtype != np.float32 or w.dtype != np.float32:
         return False

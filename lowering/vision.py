@@ -101,6 +101,13 @@ def conv_geometry(layer: ir.Layer, shape: Shape) -> ConvGeometry:
     return geometry
 
 
+def _macs(geometry: ConvGeometry, num: int, spatial: Shape, weights: Shape) -> int:
+    """Forward multiply-adds of one convolution: each top value sums C/group · kernel terms."""
+    g = geometry
+    out = [(s + 2 * p - e) // st + 1 for s, p, e, st in zip(spatial, g.pad, g.extent, g.stride)]
+    return num * weights[0] * math.prod(out) * math.prod(weights[1:])
+
+
 def _check_bottoms(layer: ir.Layer, shapes: list[Shape]) -> None:
     """Caffe's conv layers pair bottom i with top i; all bottoms share one shape."""
     if len(shapes) != len(layer.tops) or not shapes:
@@ -167,7 +174,8 @@ def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arra
 
     def conv(x):
         group = layer.param.convolution_param.group
-        if onednn.usable(x, params[0]):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+        macs = _macs(geometry, x.shape[0], x.shape[geometry.axis + 1 :], params[0].shape)
+        if onednn.usable(x, params[0], macs):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
             args = geometry.stride, geometry.pad, geometry.dilation, group
             return onednn.convolution(x, params[0], *args, channels_last=False)
         return lax.conv_general_dilated(
@@ -194,7 +202,8 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     the weights still Caffe's (num_output, C/group, kh, kw) (see ``lowering/layout.py``)."""
     geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
     group = layer.param.convolution_param.group
-    if onednn.usable(x, params[0]):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+    macs = _macs(geometry, x.shape[0], x.shape[1:3], params[0].shape)
+    if onednn.usable(x, params[0], macs):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
         args = geometry.stride, geometry.pad, geometry.dilation, group
         y = onednn.convolution(x, params[0], *args, channels_last=True)
     else:

@@ -49,7 +49,7 @@ RTOL = 1e-5
 def path(on: bool):
     """The env var is read when a convolution is traced: set it around the trace only."""
     old = os.environ.get(onednn.ENV)
-    os.environ[onednn.ENV] = "onednn" if on else "xla"
+    os.environ[onednn.ENV] = "onednn-all" if on else "xla"  # every conv, whatever its size
     try:
         yield
     finally:
@@ -177,7 +177,7 @@ def test_missing_library_falls_back_with_a_warning(monkeypatch):
     x = np.ones((1, 5, 5, 2), np.float32)
     w = np.ones((3, 2, 3, 3), np.float32)
     with pytest.warns(RuntimeWarning, match="no libdnnl here; convolving with XLA instead"):
-        assert not onednn.usable(x, w)
+        assert not onednn.usable(x, w, 10**9)
 
 
 def test_a_failed_call_gives_nan_not_a_wrong_number(monkeypatch, capfd):
@@ -195,3 +195,31 @@ def test_a_failed_call_gives_nan_not_a_wrong_number(monkeypatch, capfd):
     y = np.asarray(f(x + 1, w))
     assert y.shape == (2, 4, 5, 5) and np.isnan(y).all()
     assert "oneDNN fwd convolution failed, its result is NaN" in capfd.readouterr().err
+
+
+def test_size_rule_keeps_small_and_single_channel_convolutions_on_xla(monkeypatch):
+    """``onednn`` takes only the convolutions it measured ahead on; ``onednn-all`` takes all."""
+    x = np.ones((1, 5, 5, 2), np.float32)
+    monkeypatch.setenv(onednn.ENV, "onednn")
+    assert onednn.usable(x, np.ones((3, 2, 3, 3), np.float32), onednn.MIN_MACS)
+    assert not onednn.usable(x, np.ones((3, 2, 3, 3), np.float32), onednn.MIN_MACS - 1)
+    assert not onednn.usable(x, np.ones((3, 1, 3, 3), np.float32), 10**9)  # 1 channel/group
+    monkeypatch.setenv(onednn.ENV, "onednn-all")
+    assert onednn.usable(x, np.ones((3, 1, 3, 3), np.float32), 1)
+
+
+def test_net_under_the_size_rule_routes_by_size(monkeypatch):
+    """On CIFAR-10 quick at batch 100 every convolution has ≥ 16M multiply-adds: all go to
+    oneDNN; at batch 1 none does."""
+    from caffe2jax.api import compile as compile_net
+    from tests.golden import MODELS, require
+
+    monkeypatch.setenv(onednn.ENV, "onednn")
+    quick = require(MODELS / "examples/cifar10/cifar10_quick.prototxt")
+    for batch, expected in ((100, 3), (1, 0)):
+        model = compile_net(quick, "TEST", input_shapes={"data": (batch, 3, 32, 32)})
+        params, state = model.init(0)
+        x = np.zeros((batch, 3, 32, 32), np.float32)
+        apply = jax.jit(lambda p, v, m=model, s=state: m.apply(p, s, {"data": v})[0])
+        text = apply.lower(params, x).as_text()
+        assert text.count("caffe2jax_onednn_fwd") == expected, batch
