@@ -65,12 +65,17 @@ def test_golden_nets_same_with_channels_last(case):
     assert on.graph.nhwc_layers, "the pass chose no layer: nothing was tested"
     assert not off.graph.nhwc_layers
     params, state = load_weights(NETS / f"{case}.caffemodel", off)
+    compare(on, off, params, state, golden_inputs(off))
+
+
+def golden_inputs(model: Model) -> dict[str, np.ndarray]:
+    """Seeded inputs for a golden net: data in [0, 1), labels over 10 classes."""
     rng = np.random.default_rng(0)
     inputs = {name: rng.uniform(0, 1, shape).astype(np.float32)
-              for name, shape in off.inputs.items()}  # fmt: skip
+              for name, shape in model.inputs.items()}  # fmt: skip
     if "label" in inputs:
-        inputs["label"] = rng.integers(0, 10, off.inputs["label"]).astype(np.float32)
-    compare(on, off, params, state, inputs)
+        inputs["label"] = rng.integers(0, 10, model.inputs["label"]).astype(np.float32)
+    return inputs
 
 
 def _data_shape(case: str) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from caffe2jax.lowering import onednn
 from caffe2jax.runtime.weights import load_weights
 from tests.golden import GOLDEN, load_npz, require
 from tests.lowering.test_golden_layers import rel_err
-from tests.lowering.test_layout import GOLDEN_NETS, _data_shape
+from tests.lowering.test_layout import GOLDEN_NETS, _data_shape, close, golden_inputs
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -42,7 +42,6 @@ NETS = require(GOLDEN / "nets")
 CONV_CASES = sorted(
     p.stem for p in LAYERS.glob("conv*.npz") if load_npz(p)[1]["type"] == "Convolution"
 )
-RTOL = 1e-5
 
 
 @contextlib.contextmanager
@@ -57,13 +56,6 @@ def path(on: bool):
             os.environ.pop(onednn.ENV)
         else:
             os.environ[onednn.ENV] = old
-
-
-def close(ours, theirs, what: str) -> None:
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    assert ours.shape == theirs.shape, what
-    scale = max(np.abs(theirs).max(), 1e-30)
-    assert np.abs(ours - theirs).max() <= RTOL * scale, (what, np.abs(ours - theirs).max(), scale)
 
 
 def calls_onednn(fn, *args) -> bool:
@@ -123,11 +115,7 @@ def test_golden_net_same_with_onednn(case, channels_last):
     source = Model(net, shapes)
     model = Model(source.net, source.inputs, channels_last=channels_last)
     params, state = load_weights(NETS / f"{case}.caffemodel", model)
-    rng = np.random.default_rng(0)
-    inputs = {name: rng.uniform(0, 1, shape).astype(np.float32)
-              for name, shape in model.inputs.items()}  # fmt: skip
-    if "label" in inputs:
-        inputs["label"] = rng.integers(0, 10, model.inputs["label"]).astype(np.float32)
+    inputs = golden_inputs(model)
     key = jax.random.key(3)
     results = {}
     for on in (True, False):
