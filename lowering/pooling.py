@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +28,10 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering import windows
 from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import fail
+from caffe2jax.lowering.windows import offset_slices, on_hw, padding, spatial
 
 P = caffe_pb2.PoolingParameter
 MAX, AVE, STOCHASTIC = P.MAX, P.AVE, P.STOCHASTIC
@@ -126,24 +127,11 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 
 # -- the computations -------------------------------------------------------------------------
 
-
-def _spatial(x: jax.Array, nhwc: bool) -> tuple[int, ...]:
-    """(H, W) of an NCHW blob, or of an NHWC one (the internal channels-last layout)."""
-    return tuple(x.shape[1:3] if nhwc else x.shape[2:])
-
-
-def _on_hw(nhwc: bool, hw: tuple, other) -> tuple:
-    """A per-axis tuple with ``hw`` on the spatial axes and ``other`` on N and C."""
-    return (other, *hw, other) if nhwc else (other, other, *hw)
-
-
-def _padding(spec: PoolSpec, hw: tuple[int, ...], nhwc: bool = False) -> list[tuple[int, int]]:
-    """reduce_window padding: ``pad`` before, enough after for the last (clipped) window."""
-    after = [
-        max((o - 1) * s + k - n - p, 0)
-        for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad)
-    ]
-    return list(_on_hw(nhwc, tuple((p, a) for p, a in zip(spec.pad, after)), (0, 0)))
+# How MAX and AVE pooling run: "phases" (lowering/windows.py: the windows as strided views,
+# their backward as shifted sums per stride phase, all fusible) or "xla" (reduce_window, whose
+# backward is select_and_scatter / a padded window sum). benchmarks/fast_paths.py --path pool
+# measures one against the other.
+POOL_BACKWARD = "phases"
 
 
 def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
@@ -154,81 +142,29 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -
         # identities as differentiable monoid reductions (a traced init is not).
         np.asarray(init, x.dtype),
         op,
-        _on_hw(nhwc, spec.kernel, 1),
-        _on_hw(nhwc, spec.stride, 1),
-        _padding(spec, _spatial(x, nhwc), nhwc),
+        on_hw(nhwc, spec.kernel, 1),
+        on_hw(nhwc, spec.stride, 1),
+        padding(spec, spatial(x, nhwc), nhwc),
     )
-    crop = _on_hw(nhwc, tuple(slice(0, o) for o in spec.out), slice(None))
+    crop = on_hw(nhwc, tuple(slice(0, o) for o in spec.out), slice(None))
     return out[crop]
 
 
 def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
-    """MAX over each window, padding ignored.
+    """MAX over each window, padding ignored; the backward routes each diff to the window's
+    first maximum in row-major order, as Caffe's mask does.
 
-    JAX differentiates reduce_window max with select_and_scatter_add using a ``>=`` select in
-    the window's row-major order, which keeps the first maximum: exactly the element Caffe's
-    strict ``>`` scan records in its mask. So autodiff is Caffe's backward, ties included
-    (tests/lowering/test_vision.py checks this on tied inputs). :func:`_max_first` computes
-    the same backward as per-offset selects, faster on CPU for non-overlapping windows.
+    Both forms keep that rule: windows.max_first by its per-offset ``==`` selects, XLA's
+    select_and_scatter by its ``>=`` select in the window's row-major order
+    (tests/lowering/test_vision.py checks both on tied inputs).
     """
-    if _slices_backward(spec):
-        y = _max_first(x, spec, nhwc)
+    if POOL_BACKWARD == "phases":
+        y = windows.max_first(x, spec, nhwc)
     else:
         y = _window(x, spec, -jnp.inf, lax.max, nhwc)
-    if _has_empty_window(spec, _spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
+    if _has_empty_window(spec, spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
         y = jnp.where(jnp.isneginf(y), jnp.asarray(-_FLT_MAX, y.dtype), y)
     return y
-
-
-# How MAX pooling's backward runs: "slices" (one compare-select and one strided scatter per
-# window offset, all fusible), "xla" (reduce_window's select_and_scatter), or "auto": slices
-# where windows do not overlap (kernel ≤ stride), where benchmarks/fast_paths.py --path
-# maxpool measured LeNet's train step 0.74× (overlapping 3×3/2 windows: no gain, 1.05×).
-MAX_BACKWARD = "auto"
-
-
-def _slices_backward(spec: PoolSpec) -> bool:
-    if MAX_BACKWARD == "auto":
-        return all(k <= s for k, s in zip(spec.kernel, spec.stride))
-    return MAX_BACKWARD == "slices"
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _max_first(x: jax.Array, spec: PoolSpec, nhwc: bool) -> jax.Array:
-    """MAX pooling whose backward sends each top diff to the window's first maximum in
-    row-major order (Caffe's mask), written as per-offset selects instead of XLA's
-    select_and_scatter."""
-    return _window(x, spec, -jnp.inf, lax.max, nhwc)
-
-
-def _max_first_fwd(x, spec, nhwc):
-    y = _window(x, spec, -jnp.inf, lax.max, nhwc)
-    return y, (x, y)
-
-
-def _max_first_bwd(spec, nhwc, residuals, dy):
-    x, y = residuals
-    hw = _spatial(x, nhwc)
-    padding = _padding(spec, hw, nhwc)
-    spatial_pad = padding[1:3] if nhwc else padding[2:]
-    padded_hw = [n + lo + hi for n, (lo, hi) in zip(hw, spatial_pad)]
-    taken = jnp.zeros(y.shape, bool)
-    dx = None
-    zero = jnp.zeros((), dy.dtype)
-    offsets = [(i, j) for i in range(spec.kernel[0]) for j in range(spec.kernel[1])]
-    for (i, j), value in zip(offsets, _offset_slices(x, spec, -jnp.inf, nhwc)):
-        hit = (value == y) & ~taken
-        taken = taken | hit
-        spread = [(o, n - o - (m - 1) * s - 1, s - 1)
-                  for o, n, m, s in zip((i, j), padded_hw, spec.out, spec.stride)]  # fmt: skip
-        part = lax.pad(jnp.where(hit, dy, zero), zero, list(_on_hw(nhwc, tuple(spread), (0, 0, 0))))
-        dx = part if dx is None else dx + part
-    before = [lo for lo, _ in spatial_pad]
-    crop = _on_hw(nhwc, tuple(slice(lo, lo + n) for lo, n in zip(before, hw)), slice(None))
-    return (dx[crop],)
-
-
-_max_first.defvjp(_max_first_fwd, _max_first_bwd)
 
 
 def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
@@ -236,38 +172,12 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
     return any((o - 1) * s - p >= n for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw))
 
 
-def _divisor(spec: PoolSpec, hw: tuple[int, ...], dtype) -> jax.Array:
-    """AVE's per-output divisor: the window clipped to [−pad, size + pad), as Caffe counts it.
-    Built with traced ops (iota), never on the host: under shape inference it stays abstract
-    however large the output is declared."""
-    sizes = []
-    for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad):
-        start = lax.iota(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, o) * s - p
-        sizes.append((jnp.minimum(start + k, n + p) - start).astype(dtype))
-    return sizes[0][:, None] * sizes[1][None, :]
-
-
 def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
-    """AVE: the zero-padded window sum over Caffe's clipped window size (one broadcast divide,
-    which XLA fuses into the window sum's consumer)."""
-    total = _window(x, spec, 0.0, lax.add, nhwc)
-    divisor = _divisor(spec, _spatial(x, nhwc), x.dtype)
-    if nhwc:
-        divisor = divisor[:, :, None]
-    return total / divisor
-
-
-def _offset_slices(x: jax.Array, spec: PoolSpec, fill: float, nhwc: bool = False):
-    """For each window offset (i, j) in row-major order: the strided view of the input at that
-    offset of every window (shape (N, C, *out), or (N, *out, C) with ``nhwc``), the input
-    padded with ``fill``."""
-    padded = jnp.pad(x, _padding(spec, _spatial(x, nhwc), nhwc), constant_values=fill)
-    (kh, kw), (sh, sw), (oh, ow) = spec.kernel, spec.stride, spec.out
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i, i + (oh - 1) * sh + 1, sh)
-            cols = slice(j, j + (ow - 1) * sw + 1, sw)
-            yield padded[_on_hw(nhwc, (rows, cols), slice(None))]
+    """AVE: the zero-padded window sum over Caffe's clipped window size."""
+    if POOL_BACKWARD == "phases":
+        return windows.ave(x, spec, nhwc)
+    hw = spatial(x, nhwc)
+    return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)
 
 
 def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
@@ -281,7 +191,7 @@ def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
     index = jnp.broadcast_to(jnp.arange(h * w, dtype=x.dtype).reshape(1, 1, h, w), x.shape)
     best = jnp.full(x.shape[:2] + spec.out, -_FLT_MAX, x.dtype)
     arg = jnp.full(best.shape, -1, x.dtype)
-    for value, where in zip(_offset_slices(x, spec, -jnp.inf), _offset_slices(index, spec, -1)):
+    for value, where in zip(offset_slices(x, spec, -jnp.inf), offset_slices(index, spec, -1)):
         take = value > best
         best = jnp.where(take, value, best)
         arg = jnp.where(take, where, arg)
@@ -299,7 +209,7 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     if not train:
         squares = _window(x * x, spec, 0.0, lax.add)
         return squares / (_window(x, spec, 0.0, lax.add) + jnp.asarray(_FLT_MIN, x.dtype))
-    patches = jnp.stack(list(_offset_slices(x, spec, 0.0)), axis=-1)
+    patches = jnp.stack(list(offset_slices(x, spec, 0.0)), axis=-1)
     running = jnp.cumsum(patches, axis=-1)
     u = jax.random.uniform(ctx.key(), running.shape[:-1], x.dtype)
     threshold = u * running[..., -1]

@@ -98,12 +98,53 @@ def test_max_pool_ties_route_to_first_max(k, s, p):
     np.testing.assert_allclose(dx, backward(dy), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["slices", "xla"])
-@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 3, 0), (2, 2, 1)])
+@pytest.mark.parametrize("mode", ["phases", "xla"])
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 3, 0), (2, 2, 1), (3, 1, 1)])
 def test_max_pool_backward_forms_both_route_to_first_max(mode, k, s, p, monkeypatch):
-    """MAX pooling's two backward forms (per-offset selects, XLA's select_and_scatter)."""
-    monkeypatch.setattr(pooling, "MAX_BACKWARD", mode)
+    """MAX pooling's two forms (per-offset selects and phase sums, XLA's select_and_scatter)."""
+    monkeypatch.setattr(pooling, "POOL_BACKWARD", mode)
     test_max_pool_ties_route_to_first_max(k, s, p)
+
+
+def caffe_ave_pool(x, k, s, p, out):
+    """Caffe's AvePoolForward/Backward loops in numpy (float64): (top, backward(top_diff))."""
+    n, c, h, w = x.shape
+    top = np.zeros((n, c) + out)
+    windows = []
+    for ph, pw in itertools.product(range(out[0]), range(out[1])):
+        hs, ws = ph * s[0] - p[0], pw * s[1] - p[1]
+        he, we = min(hs + k[0], h + p[0]), min(ws + k[1], w + p[1])
+        size = (he - hs) * (we - ws)
+        rows, cols = slice(max(hs, 0), min(he, h)), slice(max(ws, 0), min(we, w))
+        top[:, :, ph, pw] = x[:, :, rows, cols].sum(axis=(2, 3)) / size
+        windows.append((ph, pw, rows, cols, size))
+
+    def backward(dy):
+        dx = np.zeros(x.shape)
+        for ph, pw, rows, cols, size in windows:
+            dx[:, :, rows, cols] += dy[:, :, ph, pw, None, None] / size
+        return dx
+
+    return top, backward
+
+
+@pytest.mark.parametrize("mode", ["phases", "xla"])
+@pytest.mark.parametrize("k,s,p", [(3, 2, 0), (3, 2, 1), (2, 3, 0), (3, 1, 1), (5, 3, 2)])
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_ave_pool_forms_match_caffe(mode, k, s, p, nhwc, monkeypatch):
+    """AVE pooling's two forms, NCHW and channels-last, against Caffe's loops (ceil mode,
+    windows clipped at the padded border)."""
+    monkeypatch.setattr(pooling, "POOL_BACKWARD", mode)
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    spec = pooling.make_spec(None, pooling.AVE, x.shape[2:], (k, k), (s, s), (p, p))
+    to, back = ((lambda a: a.transpose(0, 2, 3, 1)), (lambda a: a.transpose(0, 3, 1, 2)))
+    if not nhwc:
+        to = back = lambda a: a
+    y, vjp = jax.vjp(lambda x: back(pooling.ave_pool(to(x), spec, nhwc)), jnp.asarray(x))
+    top, backward = caffe_ave_pool(x.astype(np.float64), (k, k), (s, s), (p, p), spec.out)
+    np.testing.assert_allclose(y, top, rtol=1e-6, atol=1e-6)
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_allclose(vjp(jnp.asarray(dy))[0], backward(dy), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
