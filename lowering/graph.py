@@ -342,6 +342,7 @@ class Graph:
                              {name: list(c) for name, c in carry_of(state).items()})  # fmt: skip
         layers = self.caffe_layers
         nhwc: set[str] = set()  # blobs held channels-last (lowering/layout.py)
+        made_by: dict[str, str] = {}  # blob -> the Caffe type of the layer that computed it
 
         def tap(top):
             return layout.to_nhwc(taps[top]) if top in nhwc else taps[top]
@@ -353,6 +354,7 @@ class Graph:
                 if caffe.bottoms[0] in nhwc:
                     nhwc.update(caffe.tops)
                 for top in caffe.tops:
+                    made_by[top] = made_by.get(caffe.bottoms[0], "")
                     env[top] = value + tap(top) if top in taps else value
                 continue
             layer = self._layer[caffe.key]
@@ -376,8 +378,9 @@ class Graph:
                 cast(b if backward.params[j] else lax.stop_gradient(b), dtype)
                 for j, b in enumerate(self.layer_blobs(layer, params, state))
             ]
+            made = tuple(made_by.get(b, "") for b in caffe.bottoms)
             ctx = Context(self.phase, rng, dtype, layer_name=layer.name,
-                          layer_index=self._index[layer.name])  # fmt: skip
+                          layer_index=self._index[layer.name], bottom_types=made)  # fmt: skip
             if layer.name in self.carries:
                 ctx.carry = [
                     lax.stop_gradient(c)
@@ -399,6 +402,7 @@ class Graph:
                     new_state[layer.name][j] = lax.stop_gradient(value)
             for top, value in zip(layer.tops, out):
                 env[top] = value + tap(top) if top in taps else value
+                made_by[top] = layer.type
         return layout.restore(env, nhwc), new_state
 
     def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:

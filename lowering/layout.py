@@ -61,7 +61,7 @@ def _conv(layer, params, bottoms, ctx):
 
 def _pool(layer, params, bottoms, ctx):
     (x,) = bottoms
-    return [pooling.pool_nhwc(x, pooling.pooling_spec(layer, _nchw(x.shape)))]
+    return [pooling.pool_nhwc(x, pooling.pooling_spec(layer, _nchw(x.shape)), ctx)]
 
 
 def _lrn(layer, params, bottoms, ctx):

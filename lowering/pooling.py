@@ -31,7 +31,7 @@ from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering import windows
 from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import fail
-from caffe2jax.lowering.windows import offset_slices, on_hw, padding, spatial
+from caffe2jax.lowering.windows import offset_slices, spatial
 
 P = caffe_pb2.PoolingParameter
 MAX, AVE, STOCHASTIC = P.MAX, P.AVE, P.STOCHASTIC
@@ -135,22 +135,23 @@ POOL_BACKWARD = "phases"
 
 
 def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
-    """``op``-reduce every window (padding holds ``init``), cropped to Caffe's output size."""
-    out = lax.reduce_window(
-        x,
-        # A NumPy scalar stays concrete under jit, so JAX recognises max/add with their
-        # identities as differentiable monoid reductions (a traced init is not).
-        np.asarray(init, x.dtype),
-        op,
-        on_hw(nhwc, spec.kernel, 1),
-        on_hw(nhwc, spec.stride, 1),
-        padding(spec, spatial(x, nhwc), nhwc),
-    )
-    crop = on_hw(nhwc, tuple(slice(0, o) for o in spec.out), slice(None))
-    return out[crop]
+    return windows.reduce_windows(x, spec, init, op, nhwc)
 
 
-def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
+# Layers whose output XLA:CPU would recompute in each of the window views it is fused into
+# (they call exp, log or pow per element): behind one, MAX/AVE pooling reads through
+# reduce_window, which reads its input once (lowering/windows.py window_max).
+EXPENSIVE_PRODUCERS = frozenset(
+    {"LRN", "Sigmoid", "TanH", "Power", "Exp", "Log", "BNLL", "ELU", "Swish", "Softmax", "MVN"}
+)
+
+
+def _views(ctx: Context | None) -> bool:
+    """Whether the pooling may read its bottom as k_h·k_w fused views (see above)."""
+    return ctx is None or not (set(ctx.bottom_types[:1]) & EXPENSIVE_PRODUCERS)
+
+
+def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
     """MAX over each window, padding ignored; the backward routes each diff to the window's
     first maximum in row-major order, as Caffe's mask does.
 
@@ -159,7 +160,7 @@ def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
     (tests/lowering/test_vision.py checks both on tied inputs).
     """
     if POOL_BACKWARD == "phases":
-        y = windows.max_first(x, spec, nhwc)
+        y = windows.max_first(x, spec, nhwc, views)
     else:
         y = _window(x, spec, -jnp.inf, lax.max, nhwc)
     if _has_empty_window(spec, spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
@@ -172,10 +173,10 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
     return any((o - 1) * s - p >= n for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw))
 
 
-def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False) -> jax.Array:
+def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
     if POOL_BACKWARD == "phases":
-        return windows.ave(x, spec, nhwc)
+        return windows.ave(x, spec, nhwc, views)
     hw = spatial(x, nhwc)
     return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)
 
@@ -217,17 +218,18 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     return jnp.take_along_axis(patches, chosen[..., None], axis=-1)[..., 0]
 
 
-def pool_nhwc(x: jax.Array, spec: PoolSpec) -> jax.Array:
+def pool_nhwc(x: jax.Array, spec: PoolSpec, ctx: Context | None = None) -> jax.Array:
     """MAX or AVE pooling of a channels-last ``x`` (N, H, W, C) (see ``lowering/layout.py``)."""
-    return max_pool(x, spec, nhwc=True) if spec.method == MAX else ave_pool(x, spec, nhwc=True)
+    form = max_pool if spec.method == MAX else ave_pool
+    return form(x, spec, nhwc=True, views=_views(ctx))
 
 
 def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
     """The pooled top of ``x`` (N, C, H, W) for ``spec``."""
     if spec.method == MAX:
-        return max_pool(x, spec)
+        return max_pool(x, spec, views=_views(ctx))
     if spec.method == AVE:
-        return ave_pool(x, spec)
+        return ave_pool(x, spec, views=_views(ctx))
     return stochastic_pool(x, spec, train, ctx)
 
 

@@ -58,6 +58,10 @@ class Context:
     layer_name: str = ""
     layer_index: int = 0
     carry: list[jax.Array] = field(default_factory=list)
+    # the Caffe type of the layer that computed each bottom, through in-place and split
+    # layers ("" where the run started later): lets a lowering pick a form that does not make
+    # XLA recompute an expensive producer (lowering/pooling.py)
+    bottom_types: tuple[str, ...] = ()
 
     @property
     def train(self) -> bool:

@@ -128,23 +128,57 @@ def caffe_ave_pool(x, k, s, p, out):
     return top, backward
 
 
-@pytest.mark.parametrize("mode", ["phases", "xla"])
+@pytest.mark.parametrize("mode", ["phases", "phases-rw", "xla"])
 @pytest.mark.parametrize("k,s,p", [(3, 2, 0), (3, 2, 1), (2, 3, 0), (3, 1, 1), (5, 3, 2)])
 @pytest.mark.parametrize("nhwc", [False, True])
 def test_ave_pool_forms_match_caffe(mode, k, s, p, nhwc, monkeypatch):
-    """AVE pooling's two forms, NCHW and channels-last, against Caffe's loops (ceil mode,
-    windows clipped at the padded border)."""
+    """AVE pooling's forms (views or reduce_window forward with the phase-sum backward; XLA's
+    reduce_window and its transpose), NCHW and channels-last, against Caffe's loops (ceil
+    mode, windows clipped at the padded border)."""
+    views = mode != "phases-rw"
+    mode = mode.removesuffix("-rw")
     monkeypatch.setattr(pooling, "POOL_BACKWARD", mode)
     x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
     spec = pooling.make_spec(None, pooling.AVE, x.shape[2:], (k, k), (s, s), (p, p))
     to, back = ((lambda a: a.transpose(0, 2, 3, 1)), (lambda a: a.transpose(0, 3, 1, 2)))
     if not nhwc:
         to = back = lambda a: a
-    y, vjp = jax.vjp(lambda x: back(pooling.ave_pool(to(x), spec, nhwc)), jnp.asarray(x))
+    y, vjp = jax.vjp(lambda x: back(pooling.ave_pool(to(x), spec, nhwc, views)), jnp.asarray(x))
     top, backward = caffe_ave_pool(x.astype(np.float64), (k, k), (s, s), (p, p), spec.out)
     np.testing.assert_allclose(y, top, rtol=1e-6, atol=1e-6)
     dy = RNG.standard_normal(y.shape).astype(np.float32)
     np.testing.assert_allclose(vjp(jnp.asarray(dy))[0], backward(dy), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("views", [True, False])
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 1, 0), (3, 2, 0)])
+def test_max_pool_reduce_window_forward_keeps_first_max(views, k, s, p):
+    """Behind an expensive layer the MAX forward is XLA's reduce_window (windows.window_max);
+    either forward, the backward still routes each diff to Caffe's first maximum."""
+    x = RNG.integers(0, 3, (2, 2, 7, 6)).astype(np.float32)
+    spec = pooling.make_spec(None, pooling.MAX, x.shape[2:], (k, k), (s, s), (p, p))
+    y, vjp = jax.vjp(lambda x: pooling.max_pool(x, spec, views=views), jnp.asarray(x))
+    top, _, backward = caffe_max_pool(x, (k, k), (s, s), (p, p), spec.out)
+    np.testing.assert_array_equal(y, top)
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_allclose(vjp(jnp.asarray(dy))[0], backward(dy), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("producer,reads_once", [("LRN", True), ("ReLU", False)])
+def test_pooling_reads_an_expensive_bottom_once(producer, reads_once):
+    """Behind LRN (power per element) pooling uses reduce_window, which reads its input once;
+    behind ReLU it uses the k_h·k_w strided views XLA fuses (lowering/pooling.py)."""
+    text = f"""
+input: "x" input_shape {{ dim: 1 dim: 4 dim: 9 dim: 9 }}
+layer {{ name: "p" type: "{producer}" bottom: "x" top: "h" }}
+layer {{ name: "pool" type: "Pooling" bottom: "h" top: "y"
+        pooling_param {{ pool: MAX kernel_size: 3 stride: 2 }} }}
+"""
+    model = compile_net(text)
+    params, state = model.init(0)
+    jaxpr = str(jax.make_jaxpr(lambda x: model.apply(params, state, {"x": x})[0]["y"])(
+        jnp.zeros((1, 4, 9, 9))))  # fmt: skip
+    assert ("reduce_window_max" in jaxpr) == reads_once
 
 
 @pytest.mark.parametrize(
