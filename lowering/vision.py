@@ -325,7 +325,10 @@ def lrn_values(p, x: jax.Array, nhwc: bool = False) -> jax.Array:
             dims[a], pad[a] = n, (half, half)
         window = lax.reduce_window(x * x, zero, lax.add, dims, (1,) * 4, pad)
         scale = 1.0 + (p.alpha / (n * n)) * window
-    return x * scale ** jnp.asarray(-p.beta, x.dtype)
+    # scale^−β as exp(−β·log scale): XLA:CPU's pow runs per element through libm, 4× slower
+    # than its vectorised exp and log (GoogLeNet's norm2 fwd+bwd 7.6 → 1.7 ms). On the golden
+    # LRN cases both forms are within 2.4e-7 of Caffe's (std::pow) top and bottom diff.
+    return x * jnp.exp(jnp.log(scale) * jnp.asarray(-p.beta, x.dtype))
 
 
 @register("Crop", counts=(2, 2, 1, 1))
