@@ -1,6 +1,7 @@
 """Caffe's 2-D convolution through oneDNN, called from inside the jitted XLA:CPU program.
 
-Opt-in CPU fast path (``CAFFE2JAX_CPU_CONV=onednn``): a 2-D ConvolutionLayer's
+The CPU's convolution wherever libdnnl loads (``CAFFE2JAX_CPU_CONV``: unset/``auto``,
+``onednn``, ``onednn-all``, ``xla``; see :func:`mode`): a 2-D ConvolutionLayer's
 cross-correlation (grouped, strided, symmetric pad, dilated; bias added by XLA as before) runs
 as oneDNN's ``convolution_forward`` primitive, and its gradients as oneDNN's
 ``convolution_backward_data`` and ``convolution_backward_weights`` (Caffe's
@@ -73,15 +74,28 @@ MIN_MACS = 16_000_000
 MODES = ("onednn", "onednn-all")  # the size rule above / every 2-D float32 convolution
 
 
+SETTINGS = ("auto", *MODES, "xla")
+
+
+def mode() -> str:
+    """``$CAFFE2JAX_CPU_CONV``: ``auto`` (unset: the size rule wherever libdnnl loads and the
+    process sees one device), ``onednn`` (the size rule, a warning if libdnnl is missing),
+    ``onednn-all`` (every 2-D float32 convolution) or ``xla`` (XLA's own convolution)."""
+    value = os.environ.get(ENV, "").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise ValueError(f"${ENV}={value!r}: use one of {', '.join(SETTINGS)}")
+    return value
+
+
 def wanted() -> bool:
-    """Whether ``$CAFFE2JAX_CPU_CONV`` asks for oneDNN convolutions."""
-    return os.environ.get(ENV, "").lower() in MODES
+    """Whether ``$CAFFE2JAX_CPU_CONV`` lets convolutions take the oneDNN path."""
+    return mode() != "xla"
 
 
 def worth_it(w_shape, macs: int) -> bool:
     """Whether a convolution of ``macs`` forward multiply-adds with weights of ``w_shape``
     takes the oneDNN path under the current mode."""
-    if os.environ.get(ENV, "").lower() == "onednn-all":
+    if mode() == "onednn-all":
         return True
     return macs >= MIN_MACS and w_shape[1] > 1
 
@@ -414,16 +428,22 @@ def convolution(x, w, stride, pad, dilation, group, channels_last: bool) -> jax.
 
 
 def usable(x: jax.Array, w: jax.Array, macs: int) -> bool:
-    """Whether this convolution takes the oneDNN path: asked for, on CPU, 2-D, float32, and
-    the library loads (if it does not, say why once and let XLA convolve)."""
-    if not (wanted() and jax.default_backend() == "cpu" and x.ndim == 4):
+    """Whether this convolution takes the oneDNN path: not turned off, on CPU, 2-D, float32,
+    and the library loads (if it does not and it was asked for by name, say why once; either
+    way XLA convolves). By default (``auto``) only in a process that sees one device: XLA's
+    SPMD partitioner has no rule for the foreign call, so a sharded program would gather the
+    whole batch onto every device."""
+    setting = mode()
+    if setting == "xla" or jax.default_backend() != "cpu" or x.ndim != 4:
+        return False
+    if setting == "auto" and jax.device_count() > 1:
         return False
     if not worth_it(w.shape, macs):
         return False
     if x.dtype != np.float32 or w.dtype != np.float32:
         return False
     why = available()
-    if why is not None:
+    if why is not None and setting != "auto":
         _warn_once(why)
     return why is None
 

@@ -175,7 +175,7 @@ def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arra
     def conv(x):
         group = layer.param.convolution_param.group
         macs = _macs(geometry, x.shape[0], x.shape[geometry.axis + 1 :], params[0].shape)
-        if onednn.usable(x, params[0], macs):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+        if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
             args = geometry.stride, geometry.pad, geometry.dilation, group
             return onednn.convolution(x, params[0], *args, channels_last=False)
         return lax.conv_general_dilated(
@@ -203,7 +203,7 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
     group = layer.param.convolution_param.group
     macs = _macs(geometry, x.shape[0], x.shape[1:3], params[0].shape)
-    if onednn.usable(x, params[0], macs):  # opt-in: CAFFE2JAX_CPU_CONV=onednn
+    if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
         args = geometry.stride, geometry.pad, geometry.dilation, group
         y = onednn.convolution(x, params[0], *args, channels_last=True)
     else:

@@ -211,3 +211,38 @@ def test_net_under_the_size_rule_routes_by_size(monkeypatch):
         apply = jax.jit(lambda p, v, m=model, s=state: m.apply(p, s, {"data": v})[0])
         text = apply.lower(params, x).as_text()
         assert text.count("caffe2jax_onednn_fwd") == expected, batch
+
+
+def test_default_is_the_size_rule_on_one_device_and_silent_without_the_library(monkeypatch):
+    """Unset (``auto``): the size rule where libdnnl loads; XLA, without a warning, where it
+    does not or where the process sees several devices (a sharded program would gather the
+    whole batch for the foreign call); ``xla`` turns it off; a typo is refused by name."""
+    import warnings
+
+    x = np.ones((1, 5, 5, 2), np.float32)
+    w = np.ones((3, 2, 3, 3), np.float32)
+    monkeypatch.delenv(onednn.ENV, raising=False)
+    assert onednn.mode() == "auto"
+    assert onednn.usable(x, w, onednn.MIN_MACS)
+    assert not onednn.usable(x, w, onednn.MIN_MACS - 1)
+    monkeypatch.setattr(jax, "device_count", lambda *a: 4)
+    assert not onednn.usable(x, w, onednn.MIN_MACS)
+    monkeypatch.setenv(onednn.ENV, "onednn")  # asked for by name: used on every device count
+    assert onednn.usable(x, w, onednn.MIN_MACS)
+    monkeypatch.undo()
+    monkeypatch.setenv(onednn.ENV, "xla")
+    assert not onednn.usable(x, w, 10**9)
+    monkeypatch.delenv(onednn.ENV)
+    monkeypatch.setattr(onednn, "available", lambda: "no libdnnl here")
+    onednn._warn_once.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not onednn.usable(x, w, 10**9)
+    monkeypatch.setenv(onednn.ENV, "onedn")
+    with pytest.raises(ValueError, match="CAFFE2JAX_CPU_CONV='onedn': use one of auto, onednn"):
+        onednn.mode()
+
+
+def test_the_installed_package_has_the_library():
+    """oneDNN is a dependency on Linux x86-64, so the default path is what users get there."""
+    assert onednn.available() is None
