@@ -20,6 +20,7 @@ Reproduced from Caffe (pooling_layer.cpp/.cu, spp_layer.cpp):
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import jax
@@ -131,7 +132,18 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 # their backward as shifted sums per stride phase, all fusible) or "xla" (reduce_window, whose
 # backward is select_and_scatter / a padded window sum). benchmarks/fast_paths.py --path pool
 # measures one against the other.
+# ``$CAFFE2JAX_POOL`` (phases|xla), read when a net is traced, overrides it: "phases" is a
+# jax.custom_vjp, which forward-mode autodiff (jax.jvp, jax.jacfwd) cannot go through.
 POOL_BACKWARD = "phases"
+POOL_ENV = "CAFFE2JAX_POOL"
+
+
+def _phases() -> bool:
+    """Whether MAX/AVE pooling takes the "phases" form (see POOL_BACKWARD)."""
+    form = os.environ.get(POOL_ENV, "").strip().lower() or POOL_BACKWARD
+    if form not in ("phases", "xla"):
+        raise ValueError(f"${POOL_ENV}={form!r}: use phases or xla")
+    return form == "phases"
 
 
 def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
@@ -159,7 +171,7 @@ def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = Tru
     select_and_scatter by its ``>=`` select in the window's row-major order
     (tests/lowering/test_vision.py checks both on tied inputs).
     """
-    if POOL_BACKWARD == "phases":
+    if _phases():
         y = windows.max_first(x, spec, nhwc, views)
     else:
         y = _window(x, spec, -jnp.inf, lax.max, nhwc)
@@ -175,7 +187,7 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
 
 def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    if POOL_BACKWARD == "phases":
+    if _phases():
         return windows.ave(x, spec, nhwc, views)
     hw = spatial(x, nhwc)
     return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)

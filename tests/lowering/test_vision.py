@@ -494,3 +494,31 @@ def test_crop_one_offset_for_every_cropped_axis():
 def test_refused_configurations_name_the_layer(kind, shapes, param, match):
     with pytest.raises(NetError, match=rf"layer 'layer' \(type {kind}\).*{match}"):
         compile_net(net_text(kind, shapes, param))
+
+
+def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
+    """The fast pooling form is a custom VJP (reverse mode only); ``CAFFE2JAX_POOL=xla`` gives
+    XLA's reduce_window, which jax.jvp goes through, with the same tangent as the reverse
+    mode's Jacobian."""
+    x = RNG.standard_normal((1, 2, 7, 7)).astype(np.float32)
+    t = RNG.standard_normal(x.shape).astype(np.float32)
+    for method in ("MAX", "AVE"):
+        param = f"pooling_param {{ pool: {method} kernel_size: 3 stride: 2 pad: 1 }}"
+        model = compile_net(net_text("Pooling", [x.shape], param))
+        params, state = model.init(0)
+
+        def f(x, model=model, params=params, state=state):
+            return model.apply(params, state, {"x": x})[0]["y"]
+
+        monkeypatch.setenv(pooling.POOL_ENV, "phases")
+        with pytest.raises(TypeError, match="custom_vjp"):
+            jax.jvp(f, (x,), (t,))
+        y, vjp = jax.vjp(f, x)
+        monkeypatch.setenv(pooling.POOL_ENV, "xla")
+        _, tangent = jax.jvp(f, (x,), (t,))
+        # <J t, u> = <t, J^T u> for a random u: forward and reverse modes agree
+        u = RNG.standard_normal(y.shape).astype(np.float32)
+        np.testing.assert_allclose(np.vdot(tangent, u), np.vdot(t, vjp(u)[0]), rtol=1e-5)
+    monkeypatch.setenv(pooling.POOL_ENV, "fast")
+    with pytest.raises(NetError, match="CAFFE2JAX_POOL='fast': use phases or xla"):
+        compile_net(net_text("Pooling", [x.shape], "pooling_param { pool: MAX kernel_size: 2 }"))
