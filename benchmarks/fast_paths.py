@@ -1,12 +1,13 @@
 """Does a fast path pay? The CPU-table cases with it on and off, in one process.
 
-    python benchmarks/fast_paths.py --path layout|pool [--cases lenet,quick] [--blocks 7]
+    python benchmarks/fast_paths.py --path layout|pool|pointwise [--cases lenet,quick] [--blocks 7]
 
 ``layout``: the channels-last pass (lowering/layout.py). ``pool``: MAX/AVE pooling as strided
 views with phase-sum backwards (lowering/windows.py, ``pooling.POOL_BACKWARD = "phases"``) vs
 XLA's reduce_window (select_and_scatter / padded window-sum backwards). Both variants live in
 one process and are timed in alternating blocks (median per case; ratio on/off < 1 means the
-path pays). Writes
+path pays). ``pointwise``: 1×1 convolutions as one matrix product (lowering/vision.py
+``POINTWISE_DOT``) vs lax.conv. Writes
 ``benchmarks/results/<path>-<time>.json``/``.md``.
 """
 
@@ -34,12 +35,13 @@ SOLVER = (0.001, 0.9, 4e-3)
 
 
 def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
-    from caffe2jax.lowering import layout, pooling
+    from caffe2jax.lowering import layout, pooling, vision
 
     # read when a Model is built (layout) or when its program is traced (pool)
     layout.CHANNELS_LAST_DEFAULT = on if path == "layout" else layout.CHANNELS_LAST_DEFAULT
     pool_form = ("phases" if on else "xla") if path == "pool" else pooling.POOL_BACKWARD
-    pooling.POOL_BACKWARD = pool_form
+    pointwise = on if path == "pointwise" else vision.POINTWISE_DOT
+    pooling.POOL_BACKWARD, vision.POINTWISE_DOT = pool_form, pointwise
     if kind == "train":
         run = cpu_table.train_step(prototxt, shape, *SOLVER, "fp32")
     else:
@@ -47,7 +49,7 @@ def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
         run = cpu_table.deploy(prototxt, shape, "fp32", edit)[0]
 
     def traced_with_its_setting():
-        pooling.POOL_BACKWARD = pool_form
+        pooling.POOL_BACKWARD, vision.POINTWISE_DOT = pool_form, pointwise
         return run()
 
     return traced_with_its_setting
@@ -55,7 +57,7 @@ def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--path", choices=["layout", "pool"], required=True)
+    parser.add_argument("--path", choices=["layout", "pool", "pointwise"], required=True)
     parser.add_argument("--cases", default="lenet,quick,googlenet1,alexnet,cifar_full")
     parser.add_argument("--blocks", type=int, default=7)
     args = parser.parse_args()

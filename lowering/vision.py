@@ -203,7 +203,9 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
     group = layer.param.convolution_param.group
     macs = _macs(geometry, x.shape[0], x.shape[1:3], params[0].shape)
-    if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
+    if _pointwise(params[0], geometry, group):
+        y = _pointwise_conv(x, params[0], geometry.stride)
+    elif onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
         args = geometry.stride, geometry.pad, geometry.dilation, group
         y = onednn.convolution(x, params[0], *args, channels_last=True)
     else:
@@ -217,6 +219,32 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
             dimension_numbers=("NHWC", "OIHW", "NHWC"),
         )
     return y + params[1] if layer.param.convolution_param.bias_term else y
+
+
+# 1×1 convolutions on CPU as one matrix product over channels (POINTWISE_DOT): XLA:CPU
+# otherwise copies the kernel into HWIO on every call; benchmarks/fast_paths.py --path
+# pointwise measures it. The same sums, to float rounding (tests/lowering/test_vision.py).
+POINTWISE_DOT = True
+
+
+def _pointwise(w: jax.Array, geometry, group: int) -> bool:
+    """A 1×1, unpadded, ungrouped 2-D convolution of a channels-last blob on the CPU."""
+    return (
+        POINTWISE_DOT
+        and onednn.mode() != "onednn-all"  # which takes every convolution
+        and group == 1
+        and w.shape[2:] == (1, 1)
+        and not any(geometry.pad)
+        and jax.default_backend() == "cpu"
+    )
+
+
+def _pointwise_conv(x: jax.Array, w: jax.Array, stride: tuple[int, ...]) -> jax.Array:
+    """(N, H, W, C) ⊛ (O, C, 1, 1): the strided pixels times Wᵀ, contracted in place."""
+    if any(s > 1 for s in stride):
+        x = x[:, :: stride[0], :: stride[1], :]
+    w2 = w.reshape(w.shape[:2])
+    return lax.dot_general(x, w2, (((3,), (1,)), ((), ())))
 
 
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:

@@ -522,3 +522,39 @@ def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
     monkeypatch.setenv(pooling.POOL_ENV, "fast")
     with pytest.raises(NetError, match="CAFFE2JAX_POOL='fast': use phases or xla"):
         compile_net(net_text("Pooling", [x.shape], "pooling_param { pool: MAX kernel_size: 2 }"))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_convolution_as_a_matrix_product_equals_the_convolution(stride, monkeypatch):
+    """On CPU a channels-last 1×1 convolution is one matrix product over channels
+    (lowering/vision.py POINTWISE_DOT): the same top and gradients as lax.conv, to float
+    rounding (the two sum the channels in different orders)."""
+    from caffe2jax.lowering import vision
+
+    x = RNG.standard_normal((2, 6, 7, 5)).astype(np.float32)
+    text = f"""
+input: "x" input_shape {{ dim: 2 dim: 6 dim: 7 dim: 5 }}
+layer {{ name: "c" type: "Convolution" bottom: "x" top: "y"
+        convolution_param {{ num_output: 4 kernel_size: 1 stride: {stride}
+                             weight_filler {{ type: "gaussian" std: 1 }}
+                             bias_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
+"""
+    monkeypatch.setenv("CAFFE2JAX_CPU_CONV", "xla")
+    dy = RNG.standard_normal((2, 4, 7, 5)).astype(np.float32)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(vision, "POINTWISE_DOT", on)
+        model = compile_net(text)
+        params, state = model.init(0)
+
+        def f(params, x, model=model, state=state):
+            return model.apply(params, state, {"x": x})[0]["y"]
+
+        jaxpr = str(jax.make_jaxpr(f)(params, x))
+        assert ("conv_general_dilated" not in jaxpr) == (on and jax.default_backend() == "cpu")
+        y, vjp = jax.vjp(f, params, x)
+        results[on] = (y, *vjp(dy[:, :, : y.shape[2], : y.shape[3]]))
+    assert results[True][0].shape == (2, 4, -(-7 // stride), -(-5 // stride))
+    for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
