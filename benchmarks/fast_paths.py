@@ -1,13 +1,14 @@
 """Does a fast path pay? The CPU-table cases with it on and off, in one process.
 
-    python benchmarks/fast_paths.py --path layout|pool|pointwise [--cases lenet,quick] [--blocks 7]
+    python benchmarks/fast_paths.py --path layout|pool|pointwise|patches [--cases a,b] [--blocks 7]
 
 ``layout``: the channels-last pass (lowering/layout.py). ``pool``: MAX/AVE pooling as strided
 views with phase-sum backwards (lowering/windows.py, ``pooling.POOL_BACKWARD = "phases"``) vs
 XLA's reduce_window (select_and_scatter / padded window-sum backwards). Both variants live in
 one process and are timed in alternating blocks (median per case; ratio on/off < 1 means the
 path pays). ``pointwise``: 1×1 convolutions as one matrix product (lowering/vision.py
-``POINTWISE_DOT``) vs lax.conv. Writes
+``POINTWISE_DOT``) vs lax.conv. ``patches``: convolutions of ≤ 4 input channels as im2col +
+one matrix product (``FEW_CHANNELS``) vs lax.conv / oneDNN. Writes
 ``benchmarks/results/<path>-<time>.json``/``.md``.
 """
 
@@ -41,7 +42,8 @@ def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
     layout.CHANNELS_LAST_DEFAULT = on if path == "layout" else layout.CHANNELS_LAST_DEFAULT
     pool_form = ("phases" if on else "xla") if path == "pool" else pooling.POOL_BACKWARD
     pointwise = on if path == "pointwise" else vision.POINTWISE_DOT
-    pooling.POOL_BACKWARD, vision.POINTWISE_DOT = pool_form, pointwise
+    few = (4 if on else 0) if path == "patches" else vision.FEW_CHANNELS
+    pooling.POOL_BACKWARD, vision.POINTWISE_DOT, vision.FEW_CHANNELS = pool_form, pointwise, few
     if kind == "train":
         run = cpu_table.train_step(prototxt, shape, *SOLVER, "fp32")
     else:
@@ -49,7 +51,7 @@ def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
         run = cpu_table.deploy(prototxt, shape, "fp32", edit)[0]
 
     def traced_with_its_setting():
-        pooling.POOL_BACKWARD, vision.POINTWISE_DOT = pool_form, pointwise
+        pooling.POOL_BACKWARD, vision.POINTWISE_DOT, vision.FEW_CHANNELS = pool_form, pointwise, few
         return run()
 
     return traced_with_its_setting
@@ -57,7 +59,7 @@ def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--path", choices=["layout", "pool", "pointwise"], required=True)
+    parser.add_argument("--path", choices=["layout", "pool", "pointwise", "patches"], required=True)
     parser.add_argument("--cases", default="lenet,quick,googlenet1,alexnet,cifar_full")
     parser.add_argument("--blocks", type=int, default=7)
     args = parser.parse_args()

@@ -208,6 +208,8 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     elif onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
         args = geometry.stride, geometry.pad, geometry.dilation, group
         y = onednn.convolution(x, params[0], *args, channels_last=True)
+    elif _few_channels(params[0], group, macs):
+        y = _patches_conv(x, params[0], geometry)
     else:
         y = lax.conv_general_dilated(
             x,
@@ -245,6 +247,44 @@ def _pointwise_conv(x: jax.Array, w: jax.Array, stride: tuple[int, ...]) -> jax.
         x = x[:, :: stride[0], :: stride[1], :]
     w2 = w.reshape(w.shape[:2])
     return lax.dot_general(x, w2, (((3,), (1,)), ((), ())))
+
+
+# Convolutions of ≤ FEW_CHANNELS input channels (a first layer on RGB or grey images) that
+# oneDNN does not take, on CPU, as Caffe computes them: the k_h·k_w·C patch of every output
+# pixel times the weights — one matrix product with a deep enough contraction, where
+# XLA:CPU's convolution runs such thin inputs slowly. Only up to PATCHES_MAX_MACS multiply-adds,
+# where benchmarks/fast_paths.py --path patches measured it ahead (LeNet b64 train 0.90×,
+# CIFAR-10 full b1 0.92×); first layers of ImageNet nets measured faster on oneDNN.
+FEW_CHANNELS = 4
+PATCHES_MAX_MACS = 64_000_000
+
+
+def _few_channels(w: jax.Array, group: int, macs: int) -> bool:
+    return (
+        FEW_CHANNELS > 0
+        and macs <= PATCHES_MAX_MACS
+        and onednn.mode() != "onednn-all"
+        and group == 1
+        and w.shape[1] <= FEW_CHANNELS
+        and w.shape[2:] != (1, 1)
+        and jax.default_backend() == "cpu"
+    )
+
+
+def _patches_conv(x: jax.Array, w: jax.Array, geometry) -> jax.Array:
+    """(N, H, W, C) ⊛ (O, C, kh, kw) as Caffe's im2col + GEMM: patches ordered (i, j, c)."""
+    (kh, kw), (sh, sw), (dh, dw) = w.shape[2:], geometry.stride, geometry.dilation
+    ph, pw = geometry.pad
+    xp = jnp.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    oh = (xp.shape[1] - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (xp.shape[2] - (dw * (kw - 1) + 1)) // sw + 1
+    patches = jnp.concatenate(
+        [xp[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+         for i in range(kh) for j in range(kw)],
+        axis=3,
+    )  # fmt: skip
+    w2 = jnp.transpose(w, (0, 2, 3, 1)).reshape(w.shape[0], -1)
+    return lax.dot_general(patches, w2, (((3,), (1,)), ((), ())))
 
 
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:

@@ -558,3 +558,39 @@ layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
     assert results[True][0].shape == (2, 4, -(-7 // stride), -(-5 // stride))
     for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
+
+
+@pytest.mark.parametrize("c,k,s,p,d", [(1, 5, 1, 0, 1), (3, 5, 1, 2, 1), (3, 3, 2, 1, 1),
+                                       (3, 3, 1, 2, 2), (4, 2, 3, 1, 1)])  # fmt: skip
+def test_few_channel_convolution_as_patches_equals_the_convolution(c, k, s, p, d, monkeypatch):
+    """On CPU a convolution of ≤ 4 input channels that oneDNN does not take is im2col + one
+    matrix product (lowering/vision.py FEW_CHANNELS): the same top and gradients as lax.conv,
+    to float rounding, padded, strided and dilated."""
+    from caffe2jax.lowering import vision
+
+    x = RNG.standard_normal((2, c, 9, 8)).astype(np.float32)
+    text = f"""
+input: "x" input_shape {{ dim: 2 dim: {c} dim: 9 dim: 8 }}
+layer {{ name: "c" type: "Convolution" bottom: "x" top: "y"
+        convolution_param {{ num_output: 5 kernel_size: {k} stride: {s} pad: {p} dilation: {d}
+                             weight_filler {{ type: "gaussian" std: 1 }}
+                             bias_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
+"""
+    monkeypatch.delenv("CAFFE2JAX_CPU_CONV", raising=False)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(vision, "FEW_CHANNELS", 4 if on else 0)
+        model = compile_net(text)
+        params, state = model.init(0)
+
+        def f(params, x, model=model, state=state):
+            return model.apply(params, state, {"x": x})[0]["y"]
+
+        jaxpr = str(jax.make_jaxpr(f)(params, x))
+        assert ("conv_general_dilated" not in jaxpr) == (on and jax.default_backend() == "cpu")
+        y, vjp = jax.vjp(f, params, x)
+        dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+        results[on] = (y, *vjp(dy))
+    for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
