@@ -97,7 +97,8 @@ def _report(log, t, iterations: int) -> None:
         log.info(f"(per-layer figures: one compiled program per layer; compiling them took "
                  f"{t.compile_layers_s:.3g} s)")  # fmt: skip
     seed = "the loss" if t.seeded == "loss" else "top diffs of ones at the outputs"
-    log.info(f"Fused forward (one XLA program): {t.fused_forward_ms:.5g} ms.")
+    log.info(f"Fused forward (one XLA program, returning the net's outputs): "
+             f"{t.fused_forward_ms:.5g} ms.")  # fmt: skip
     log.info(f"Fused forward-backward (one XLA program, from {seed}): "
              f"{t.fused_forward_backward_ms:.5g} ms.")  # fmt: skip
     log.info(f"Compile time (XLA, or the compilation cache): forward {t.compile_forward_s:.3g} "

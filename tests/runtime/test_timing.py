@@ -68,8 +68,9 @@ def test_time_prints_caffes_lines_and_fills_the_compile_cache(tmp_path):
         for phase in ("forward", "backward"):
             pattern = rf"^ *{re.escape(name)}\t{phase}: {number} ms\.$"
             assert any(re.match(pattern, ln) for ln in lines), (pattern, lines)
+    fused = "Fused forward (one XLA program, returning the net's outputs)"
     for head in ("Average Forward pass", "Average Backward pass", "Average Forward-Backward",
-                 "Total Time", "Fused forward (one XLA program)"):  # fmt: skip
+                 "Total Time", fused):  # fmt: skip
         assert any(re.match(rf"^{re.escape(head)}: {number} ms\.$", ln) for ln in lines), head
     assert any(ln.startswith("Compile time (XLA, or the compilation cache): forward ")
                for ln in lines)  # fmt: skip
