@@ -129,20 +129,23 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 # -- the computations -------------------------------------------------------------------------
 
 # How MAX and AVE pooling run: "phases" (lowering/windows.py: the windows as strided views,
-# their backward as shifted sums per stride phase, all fusible) or "xla" (reduce_window, whose
-# backward is select_and_scatter / a padded window sum). benchmarks/fast_paths.py --path pool
-# measures one against the other.
-# ``$CAFFE2JAX_POOL`` (phases|xla), read when a net is traced, overrides it: "phases" is a
-# jax.custom_vjp, which forward-mode autodiff (jax.jvp, jax.jacfwd) cannot go through.
-POOL_BACKWARD = "phases"
+# their backward as shifted sums per stride phase, all fusible), "xla" (reduce_window, whose
+# backward is select_and_scatter / a padded window sum), or "auto": phases on the CPU, where
+# benchmarks/fast_paths.py --path pool measured it, xla elsewhere (the GPU table in
+# docs/performance.md was measured with it). ``$CAFFE2JAX_POOL`` (auto|phases|xla), read when
+# a net is traced, overrides it: "phases" is a jax.custom_vjp, which forward-mode autodiff
+# (jax.jvp, jax.jacfwd) cannot go through.
+POOL_BACKWARD = "auto"
 POOL_ENV = "CAFFE2JAX_POOL"
 
 
 def _phases() -> bool:
     """Whether MAX/AVE pooling takes the "phases" form (see POOL_BACKWARD)."""
     form = os.environ.get(POOL_ENV, "").strip().lower() or POOL_BACKWARD
-    if form not in ("phases", "xla"):
-        raise ValueError(f"${POOL_ENV}={form!r}: use phases or xla")
+    if form not in ("auto", "phases", "xla"):
+        raise ValueError(f"${POOL_ENV}={form!r}: use auto, phases or xla")
+    if form == "auto":
+        return jax.default_backend() == "cpu"
     return form == "phases"
 
 

@@ -246,3 +246,31 @@ def test_default_is_the_size_rule_on_one_device_and_silent_without_the_library(m
 def test_the_installed_package_has_the_library():
     """oneDNN is a dependency on Linux x86-64, so the default path is what users get there."""
     assert onednn.available() is None
+
+
+def test_forward_mode_autodiff_needs_the_xla_setting(monkeypatch):
+    """The oneDNN path is a custom VJP: jax.jvp refuses it by name; with
+    CAFFE2JAX_CPU_CONV=xla (README) the same convolution differentiates forward."""
+    x = np.random.default_rng(6).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    w = np.random.default_rng(7).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    text = """
+force_backward: true
+input: "x" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }
+layer { name: "c" type: "Convolution" bottom: "x" top: "y"
+        convolution_param { num_output: 4 kernel_size: 3 } }
+"""
+    for setting in ("onednn-all", "xla"):
+        monkeypatch.setenv(onednn.ENV, setting)
+        model = caffe2jax.compile(text)
+        params, state = model.init(0)
+        params["c"] = [w, np.zeros(4, np.float32)]
+
+        def f(x, model=model, params=params, state=state):
+            return model.apply(params, state, {"x": x})[0]["y"]
+
+        if setting == "onednn-all":
+            with pytest.raises(TypeError, match="custom_vjp"):
+                jax.jvp(f, (x,), (x,))
+        else:
+            y, tangent = jax.jvp(f, (x,), (x,))
+            np.testing.assert_allclose(tangent, y, rtol=1e-5, atol=1e-5)  # linear in x, no bias

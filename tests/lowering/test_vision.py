@@ -520,7 +520,7 @@ def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
         u = RNG.standard_normal(y.shape).astype(np.float32)
         np.testing.assert_allclose(np.vdot(tangent, u), np.vdot(t, vjp(u)[0]), rtol=1e-5)
     monkeypatch.setenv(pooling.POOL_ENV, "fast")
-    with pytest.raises(NetError, match="CAFFE2JAX_POOL='fast': use phases or xla"):
+    with pytest.raises(NetError, match="CAFFE2JAX_POOL='fast': use auto, phases or xla"):
         compile_net(net_text("Pooling", [x.shape], "pooling_param { pool: MAX kernel_size: 2 }"))
 
 
