@@ -524,27 +524,23 @@ def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
         compile_net(net_text("Pooling", [x.shape], "pooling_param { pool: MAX kernel_size: 2 }"))
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_pointwise_convolution_as_a_matrix_product_equals_the_convolution(stride, monkeypatch):
-    """On CPU a channels-last 1×1 convolution is one matrix product over channels
-    (lowering/vision.py POINTWISE_DOT): the same top and gradients as lax.conv, to float
-    rounding (the two sum the channels in different orders)."""
+def _conv_form_vs_lax_conv(monkeypatch, attr, on_off, x, conv_param, tol):
+    """A conv+ReLU net with ``vision.<attr>`` set to each of ``on_off``: the 'on' form uses no
+    lax.conv (on CPU), and its top and every gradient equal the 'off' form's to ``tol`` of
+    each array's largest magnitude. Returns the top's shape."""
     from caffe2jax.lowering import vision
 
-    x = RNG.standard_normal((2, 6, 7, 5)).astype(np.float32)
+    dims = " ".join(f"dim: {n}" for n in x.shape)
     text = f"""
-input: "x" input_shape {{ dim: 2 dim: 6 dim: 7 dim: 5 }}
+input: "x" input_shape {{ {dims} }}
 layer {{ name: "c" type: "Convolution" bottom: "x" top: "y"
-        convolution_param {{ num_output: 4 kernel_size: 1 stride: {stride}
-                             weight_filler {{ type: "gaussian" std: 1 }}
+        convolution_param {{ {conv_param} weight_filler {{ type: "gaussian" std: 1 }}
                              bias_filler {{ type: "gaussian" std: 1 }} }} }}
 layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
 """
-    monkeypatch.setenv("CAFFE2JAX_CPU_CONV", "xla")
-    dy = RNG.standard_normal((2, 4, 7, 5)).astype(np.float32)
-    results = {}
-    for on in (True, False):
-        monkeypatch.setattr(vision, "POINTWISE_DOT", on)
+    results = []
+    for value in on_off:
+        monkeypatch.setattr(vision, attr, value)
         model = compile_net(text)
         params, state = model.init(0)
 
@@ -552,12 +548,26 @@ layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
             return model.apply(params, state, {"x": x})[0]["y"]
 
         jaxpr = str(jax.make_jaxpr(f)(params, x))
-        assert ("conv_general_dilated" not in jaxpr) == (on and jax.default_backend() == "cpu")
+        uses_conv = "conv_general_dilated" in jaxpr
+        assert uses_conv == (value == on_off[1] or jax.default_backend() != "cpu"), attr
         y, vjp = jax.vjp(f, params, x)
-        results[on] = (y, *vjp(dy[:, :, : y.shape[2], : y.shape[3]]))
-    assert results[True][0].shape == (2, 4, -(-7 // stride), -(-5 // stride))
-    for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
+        dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+        results.append((y, *vjp(dy)))
+    for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+    return results[0][0].shape
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_convolution_as_a_matrix_product_equals_the_convolution(stride, monkeypatch):
+    """On CPU a channels-last 1×1 convolution is one matrix product over channels
+    (lowering/vision.py POINTWISE_DOT): the same top and gradients as lax.conv, to float
+    rounding (the two sum the channels in different orders)."""
+    monkeypatch.setenv("CAFFE2JAX_CPU_CONV", "xla")
+    x = RNG.standard_normal((2, 6, 7, 5)).astype(np.float32)
+    param = f"num_output: 4 kernel_size: 1 stride: {stride}"
+    shape = _conv_form_vs_lax_conv(monkeypatch, "POINTWISE_DOT", (True, False), x, param, 1e-6)
+    assert shape == (2, 4, -(-7 // stride), -(-5 // stride))
 
 
 @pytest.mark.parametrize("c,k,s,p,d", [(1, 5, 1, 0, 1), (3, 5, 1, 2, 1), (3, 3, 2, 1, 1),
@@ -566,31 +576,7 @@ def test_few_channel_convolution_as_patches_equals_the_convolution(c, k, s, p, d
     """On CPU a convolution of ≤ 4 input channels that oneDNN does not take is im2col + one
     matrix product (lowering/vision.py FEW_CHANNELS): the same top and gradients as lax.conv,
     to float rounding, padded, strided and dilated."""
-    from caffe2jax.lowering import vision
-
-    x = RNG.standard_normal((2, c, 9, 8)).astype(np.float32)
-    text = f"""
-input: "x" input_shape {{ dim: 2 dim: {c} dim: 9 dim: 8 }}
-layer {{ name: "c" type: "Convolution" bottom: "x" top: "y"
-        convolution_param {{ num_output: 5 kernel_size: {k} stride: {s} pad: {p} dilation: {d}
-                             weight_filler {{ type: "gaussian" std: 1 }}
-                             bias_filler {{ type: "gaussian" std: 1 }} }} }}
-layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
-"""
     monkeypatch.delenv("CAFFE2JAX_CPU_CONV", raising=False)
-    results = {}
-    for on in (True, False):
-        monkeypatch.setattr(vision, "FEW_CHANNELS", 4 if on else 0)
-        model = compile_net(text)
-        params, state = model.init(0)
-
-        def f(params, x, model=model, state=state):
-            return model.apply(params, state, {"x": x})[0]["y"]
-
-        jaxpr = str(jax.make_jaxpr(f)(params, x))
-        assert ("conv_general_dilated" not in jaxpr) == (on and jax.default_backend() == "cpu")
-        y, vjp = jax.vjp(f, params, x)
-        dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
-        results[on] = (y, *vjp(dy))
-    for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+    x = RNG.standard_normal((2, c, 9, 8)).astype(np.float32)
+    param = f"num_output: 5 kernel_size: {k} stride: {s} pad: {p} dilation: {d}"
+    _conv_form_vs_lax_conv(monkeypatch, "FEW_CHANNELS", (4, 0), x, param, 1e-5)
