@@ -131,22 +131,21 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 # How MAX and AVE pooling run: "phases" (lowering/windows.py: the windows as strided views,
 # their backward as shifted sums per stride phase, all fusible), "xla" (reduce_window, whose
 # backward is select_and_scatter / a padded window sum), or "auto": phases on the CPU, where
-# benchmarks/fast_paths.py --path pool measured it, xla elsewhere (the GPU table in
-# docs/performance.md was measured with it). ``$CAFFE2JAX_POOL`` (auto|phases|xla), read when
-# a net is traced, overrides it: "phases" is a jax.custom_vjp, which forward-mode autodiff
-# (jax.jvp, jax.jacfwd) cannot go through.
+# benchmarks/fast_paths.py --path pool measured it; elsewhere what the GPU table in
+# docs/performance.md was measured with (reduce_window forwards; MAX's backward as per-offset
+# selects where windows do not overlap, select_and_scatter where they do; AVE's autodiff).
+# ``$CAFFE2JAX_POOL`` (auto|phases|xla), read when a net is traced, overrides it: "phases" is
+# a jax.custom_vjp, which forward-mode autodiff (jax.jvp, jax.jacfwd) cannot go through.
 POOL_BACKWARD = "auto"
 POOL_ENV = "CAFFE2JAX_POOL"
 
 
-def _phases() -> bool:
-    """Whether MAX/AVE pooling takes the "phases" form (see POOL_BACKWARD)."""
+def _form() -> str:
+    """The pooling form in force: phases, xla, or (off the CPU) auto; see POOL_BACKWARD."""
     form = os.environ.get(POOL_ENV, "").strip().lower() or POOL_BACKWARD
     if form not in ("auto", "phases", "xla"):
         raise ValueError(f"${POOL_ENV}={form!r}: use auto, phases or xla")
-    if form == "auto":
-        return jax.default_backend() == "cpu"
-    return form == "phases"
+    return "phases" if form == "auto" and jax.default_backend() == "cpu" else form
 
 
 def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
@@ -174,7 +173,10 @@ def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = Tru
     select_and_scatter by its ``>=`` select in the window's row-major order
     (tests/lowering/test_vision.py checks both on tied inputs).
     """
-    if _phases():
+    form = _form()
+    if form == "auto" and all(k <= s for k, s in zip(spec.kernel, spec.stride)):
+        y = windows.max_first(x, spec, nhwc, False)
+    elif form == "phases":
         y = windows.max_first(x, spec, nhwc, views)
     else:
         y = _window(x, spec, -jnp.inf, lax.max, nhwc)
@@ -190,7 +192,7 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
 
 def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    if _phases():
+    if _form() == "phases":
         return windows.ave(x, spec, nhwc, views)
     hw = spatial(x, nhwc)
     return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)

@@ -580,3 +580,25 @@ def test_few_channel_convolution_as_patches_equals_the_convolution(c, k, s, p, d
     x = RNG.standard_normal((2, c, 9, 8)).astype(np.float32)
     param = f"num_output: 5 kernel_size: {k} stride: {s} pad: {p} dilation: {d}"
     _conv_form_vs_lax_conv(monkeypatch, "FEW_CHANNELS", (4, 0), x, param, 1e-5)
+
+
+@pytest.mark.parametrize("k,s", [(2, 2), (3, 2)])
+def test_pooling_off_the_cpu_keeps_the_forms_the_gpu_table_measured(k, s, monkeypatch):
+    """``auto`` off the CPU: reduce_window forwards, per-offset selects for non-overlapping
+    MAX windows, select_and_scatter for overlapping ones; the same values and diffs, ties
+    included, as the xla form."""
+    x = jnp.asarray(RNG.integers(0, 3, (2, 2, 8, 8)).astype(np.float32))
+    spec = pooling.make_spec(None, pooling.MAX, (8, 8), (k, k), (s, s), (0, 0))
+    results = {}
+    for form in ("auto", "xla"):
+        monkeypatch.setenv(pooling.POOL_ENV, form)
+        with monkeypatch.context() as m:
+            m.setattr(jax, "default_backend", lambda: "gpu")
+            f = lambda x: pooling.max_pool(x, spec)  # noqa: E731
+            jaxpr = str(jax.make_jaxpr(f)(x))
+            y, vjp = jax.vjp(f, x)
+            results[form] = y, vjp(jnp.arange(y.size, dtype=y.dtype).reshape(y.shape))[0]
+        assert "reduce_window_max" in jaxpr
+        assert ("custom_vjp" in jaxpr) == (form == "auto" and k <= s)
+    for a, b in zip(results["auto"], results["xla"]):
+        np.testing.assert_array_equal(a, b)
