@@ -24,7 +24,7 @@ import harness  # noqa: E402
 import peers  # noqa: E402
 from harness import Row, machine, measure, write  # noqa: E402
 
-from caffe2jax.cli import configure_jax  # noqa: E402
+from caffe2jax.cli.main import configure_jax  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[2] / "shared/caffe/models"
 LENET = MODELS / "examples/mnist/lenet_train_test.prototxt"
@@ -45,9 +45,9 @@ def train_step(prototxt: Path, shape, lr, momentum, decay, precision):
     """caffe2jax's compiled train step (runtime Trainer: forward, backward, Caffe SGD)."""
     import jax
 
-    from caffe2jax.api import compile as compile_net
     from caffe2jax.frontend import caffe_pb2
-    from caffe2jax.runtime.training import Trainer
+    from caffe2jax.lowering.model import compile as compile_net
+    from caffe2jax.runtime.train.step import Trainer
 
     model = compile_net(prototxt, "TRAIN", input_shapes={"data": shape, "label": shape[:1]},
                         precision=precision)  # fmt: skip
@@ -72,8 +72,8 @@ def deploy(prototxt: Path, shape, precision, edit=None):
     OpenCV reads (same random weights)."""
     import jax
 
-    from caffe2jax.api import compile as compile_net
-    from caffe2jax.runtime.weights import save_weights
+    from caffe2jax.lowering.model import compile as compile_net
+    from caffe2jax.runtime.formats.weights import save_weights
 
     text = prototxt.read_text()
     if edit:
@@ -104,7 +104,7 @@ def train_row(name, prototxt, build, shape, solver, precision, calls, blocks):
 
 def pycaffe_row(precision, calls, blocks):
     """CIFAR-10 full b1 through pycaffe's ``Net.forward`` (host in, host out)."""
-    from caffe2jax.pycaffe import Net
+    from caffe2jax.pycaffe.net import Net
 
     _, path, weights, x = deploy(FULL, (1, 3, 32, 32), precision)
     net = Net(str(path), "TEST", weights=str(weights))

@@ -46,8 +46,8 @@ def pipeline_rate(layer: caffe_pb2.LayerParameter, base_dir: Path, batches: int)
 
 def step_rate(prototxt, shapes: dict, steps: int) -> float:
     """Images/s the compiled train step consumes (synthetic batches, no data pipeline)."""
-    from caffe2jax.api import Model
-    from caffe2jax.runtime.training import Trainer
+    from caffe2jax.lowering.model import Model
+    from caffe2jax.runtime.train.step import Trainer
 
     model = Model(load_net(prototxt, "TRAIN"), shapes)
     params, state = model.init(jax.random.key(0))

@@ -2,14 +2,13 @@
 
     python benchmarks/fast_paths.py --path layout|pool|pointwise|patches [--cases a,b] [--blocks 7]
 
-``layout``: the channels-last pass (lowering/layout.py). ``pool``: MAX/AVE pooling as strided
-views with phase-sum backwards (lowering/windows.py, ``pooling.POOL_BACKWARD = "phases"``) vs
-XLA's reduce_window (select_and_scatter / padded window-sum backwards). Both variants live in
-one process and are timed in alternating blocks (median per case; ratio on/off < 1 means the
-path pays). ``pointwise``: 1×1 convolutions as one matrix product (lowering/vision.py
-``POINTWISE_DOT``) vs lax.conv. ``patches``: convolutions of ≤ 4 input channels as im2col +
-one matrix product (``FEW_CHANNELS``) vs lax.conv / oneDNN. Writes
-``benchmarks/results/<path>-<time>.json``/``.md``.
+``layout``: the channels-last pass (lowering/layout.py). ``pool``: MAX/AVE pooling as strided views
+with phase-sum backwards (lowering/engines/windows.py, ``pooling.POOL_BACKWARD = "phases"``) vs
+XLA's reduce_window (select_and_scatter / padded window-sum backwards). Both variants live in one
+process and are timed in alternating blocks (median per case; ratio on/off < 1 means the path pays).
+``pointwise``: 1×1 convolutions as one matrix product (lowering/vision.py ``POINTWISE_DOT``) vs
+lax.conv. ``patches``: convolutions of ≤ 4 input channels as im2col + one matrix product
+(``FEW_CHANNELS``) vs lax.conv / oneDNN. Writes ``benchmarks/results/<path>-<time>.json``/``.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_table  # noqa: E402
 from harness import Row, machine, measure, write  # noqa: E402
 
-from caffe2jax.cli import configure_jax  # noqa: E402
+from caffe2jax.cli.main import configure_jax  # noqa: E402
 
 CASES = {
     "lenet": ("LeNet b64 train step", "train", cpu_table.LENET, (64, 1, 28, 28), 10),

@@ -110,7 +110,7 @@ def ours(prototxt: Path, n: int, size: int, precision: str, row: GpuRow):
     """caffe2jax's fused fwd+bwd of the TRAIN net: a runner; fills row's FLOPs and memory."""
     import jax
 
-    from caffe2jax.api import compile as compile_net
+    from caffe2jax.lowering.model import compile as compile_net
 
     model = compile_net(prototxt, "TRAIN", input_shapes={"data": (n, 3, size, size),
                         "label": (n,)}, precision=precision)  # fmt: skip

@@ -25,9 +25,9 @@ BATCH, STEPS, REPEATS = 64, 50, 7
 
 
 def caffe2jax_step():
-    from caffe2jax.api import compile as compile_net
     from caffe2jax.frontend import caffe_pb2
-    from caffe2jax.runtime.training import Trainer
+    from caffe2jax.lowering.model import compile as compile_net
+    from caffe2jax.runtime.train.step import Trainer
 
     model = compile_net(
         LENET, "TRAIN", input_shapes={"data": (BATCH, 1, 28, 28), "label": (BATCH,)}

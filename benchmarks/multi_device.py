@@ -55,10 +55,10 @@ def steps_per_second(n: int, steps: int) -> float:
     import jax
     import numpy as np
 
-    from caffe2jax.api import compile as compile_net
     from caffe2jax.frontend import caffe_pb2
-    from caffe2jax.runtime import data_parallel, devices
-    from caffe2jax.runtime.training import Trainer
+    from caffe2jax.lowering.model import compile as compile_net
+    from caffe2jax.runtime.parallel import data_parallel, devices
+    from caffe2jax.runtime.train.step import Trainer
 
     model = compile_net(
         LENET, "TRAIN", input_shapes={"data": (BATCH, 1, 28, 28), "label": (BATCH,)}
@@ -98,7 +98,7 @@ def fed_steps_per_second(n: int, steps: int) -> float:
     """Median iterations/s of the solver loop over ``n`` devices, fed by a Data layer."""
     import tempfile
 
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     with tempfile.TemporaryDirectory() as tmp:
         solver = fed_solver(Path(tmp))

@@ -6,7 +6,7 @@ CIFAR-10 quick's three convolutions at batch 100 and LeNet's two at batch 64, ch
 activations and Caffe (OIHW) weights as ``lowering/layout.py`` runs them: ``fwd`` (the top) and
 ``fwd+bwd`` (top plus weight diff, plus bottom diff except on the first layer, whose bottom is
 data, as in a train step). XLA is ``lax.conv_general_dilated``; oneDNN is
-``lowering/onednn.py`` (legacy custom calls into libdnnl through ctypes). Both variants are
+``lowering/engines/onednn.py`` (legacy custom calls into libdnnl through ctypes). Both variants are
 jitted in one process and timed in alternating blocks (median of the blocks after a warm-up), so
 other load on the machine hits both alike. Results are checked equal first (≤ 1e-5 of each
 array's largest magnitude). ``--steps``: benchmarks/cpu_table.py's LeNet and CIFAR-10 quick
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from caffe2jax.lowering import onednn
+from caffe2jax.lowering.engines import onednn
 
 # name, batch, C, H(=W), num_output, kernel, pad, needs bottom diff
 CONVS = [

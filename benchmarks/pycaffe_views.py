@@ -41,7 +41,7 @@ def step_loops(iters: int = 200, read_loss: bool = False) -> tuple[float, float]
     import logging
 
     import caffe2jax
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     os.chdir(DIGITS)
     quiet = logging.getLogger("bench-quiet")

@@ -12,6 +12,9 @@ the Net IR — loads neither JAX nor the runtime.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -19,40 +22,47 @@ __version__ = "0.1.0"
 TRAIN = 0  # Caffe's Phase enum, as pycaffe exposes it
 TEST = 1
 
+# pycaffe's own module names (caffe/classifier.py, coord_map.py, …), kept importable
+_PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_spec")
+
 # public name -> (module, attribute); attribute None: the module itself
 _NAMES: dict[str, tuple[str, str | None]] = {
-    "Model": ("caffe2jax.api", "Model"),
-    "compile": ("caffe2jax.api", "compile"),
-    "Blob": ("caffe2jax.blob", "Blob"),
+    "Model": ("caffe2jax.lowering.model", "Model"),
+    "compile": ("caffe2jax.lowering.model", "compile"),
+    "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
-    "set_device": ("caffe2jax.mode", "set_device"),
-    "set_mode_cpu": ("caffe2jax.mode", "set_mode_cpu"),
-    "set_mode_gpu": ("caffe2jax.mode", "set_mode_gpu"),
-    "set_random_seed": ("caffe2jax.mode", "set_random_seed"),
-    "Net": ("caffe2jax.pycaffe", "Net"),
-    "load_weights": ("caffe2jax.runtime.weights", "load_weights"),
-    "save_weights": ("caffe2jax.runtime.weights", "save_weights"),
+    "set_device": ("caffe2jax.pycaffe.mode", "set_device"),
+    "set_mode_cpu": ("caffe2jax.pycaffe.mode", "set_mode_cpu"),
+    "set_mode_gpu": ("caffe2jax.pycaffe.mode", "set_mode_gpu"),
+    "set_random_seed": ("caffe2jax.pycaffe.mode", "set_random_seed"),
+    "Net": ("caffe2jax.pycaffe.net", "Net"),
+    "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
+    "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
     **{
-        name: ("caffe2jax.solver", name)
+        name: ("caffe2jax.pycaffe.solver", name)
         for name in (
             "AdaDeltaSolver AdaGradSolver AdamSolver NesterovSolver RMSPropSolver SGDSolver "
             "Solver get_solver"
         ).split()
     },
     # pycaffe's other names: caffe.proto, net_spec, Layer, Classifier, Detector …
-    **{m: (f"caffe2jax.{m}", None) for m in ("coord_map", "draw", "io", "net_spec", "proto")},
-    "Classifier": ("caffe2jax.classifier", "Classifier"),
-    "Detector": ("caffe2jax.detector", "Detector"),
+    **{m: (f"caffe2jax.pycaffe.{m}", None) for m in ("coord_map", "draw", "io", "net_spec")},
+    "proto": ("caffe2jax.proto", None),
+    "Classifier": ("caffe2jax.pycaffe.classifier", "Classifier"),
+    "Detector": ("caffe2jax.pycaffe.detector", "Detector"),
     "Layer": ("caffe2jax.lowering.python_class", "Layer"),
-    "NetSpec": ("caffe2jax.net_spec", "NetSpec"),
-    "layers": ("caffe2jax.net_spec", "layers"),
-    "params": ("caffe2jax.net_spec", "params"),
-    "to_proto": ("caffe2jax.net_spec", "to_proto"),
-    **{name: ("caffe2jax.process", name) for name in "Timer init_log layer_type_list log".split()},
+    "NetSpec": ("caffe2jax.pycaffe.net_spec", "NetSpec"),
+    "layers": ("caffe2jax.pycaffe.net_spec", "layers"),
+    "params": ("caffe2jax.pycaffe.net_spec", "params"),
+    "to_proto": ("caffe2jax.pycaffe.net_spec", "to_proto"),
+    **{
+        name: ("caffe2jax.pycaffe.process", name)
+        for name in "Timer init_log layer_type_list log".split()
+    },
     # pycaffe's multi-GPU names, answered by the data-parallel runtime
     **{
-        name: ("caffe2jax.multigpu", name)
+        name: ("caffe2jax.pycaffe.multigpu", name)
         for name in (
             "NCCL has_nccl set_multiprocess set_solver_count set_solver_rank solver_count "
             "solver_rank"
@@ -61,6 +71,31 @@ _NAMES: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = sorted(["TEST", "TRAIN", "__version__", *_NAMES])
+
+# module names scripts import (pycaffe's ``caffe.io``, ``caffe.draw``…, and the functional API's
+# ``caffe2jax.api``) -> the module that holds them; ``import caffe2jax.io`` gives that module
+_MODULES: dict[str, str] = {
+    **{f"caffe2jax.{m}": f"caffe2jax.pycaffe.{m}" for m in _PYCAFFE_MODULES},
+    "caffe2jax.api": "caffe2jax.lowering.model",
+}
+
+
+class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a name of :data:`_MODULES` as the one module it names (same object)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in _MODULES:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(_MODULES[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_ModuleAliases())
 
 
 def __getattr__(name: str) -> Any:

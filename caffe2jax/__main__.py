@@ -1,5 +1,5 @@
 import sys
 
-from caffe2jax.cli import main
+from caffe2jax.cli.main import main
 
 sys.exit(main())

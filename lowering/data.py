@@ -100,5 +100,5 @@ def dummy_data(layer, params, bottoms, ctx):
 @register("HDF5Output", counts=(2, 2, 0, 0))
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
-    bottoms to the layer's file after each forward (caffe2jax.runtime.feeding.Sinks)."""
+    bottoms to the layer's file after each forward (caffe2jax.runtime.data.feeding.Sinks)."""
     return []

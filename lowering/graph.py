@@ -28,8 +28,8 @@ from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
+from caffe2jax.lowering.engines.precision import Precision, cast, resolve
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
-from caffe2jax.lowering.precision import Precision, cast, resolve
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
@@ -324,8 +324,8 @@ class Graph:
         ``keep`` is not run: its tops are read from ``env``, as Caffe's backward reads stored
         blobs (a Python data layer must not read its files again in a replay).
 
-        Layers compute in :attr:`precision` (see ``lowering/precision.py``); the blobs returned
-        are in the net's dtype.
+        Layers compute in :attr:`precision` (see ``lowering/engines/precision.py``); the blobs
+        returned are in the net's dtype.
         """
         with jax.default_matmul_precision(self.precision.matmul):
             env, new_state = self._run(params, state, env, rng, start, stop, taps, keep)

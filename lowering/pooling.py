@@ -29,10 +29,10 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering import windows
+from caffe2jax.lowering.engines import windows
+from caffe2jax.lowering.engines.windows import offset_slices, spatial
 from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import fail
-from caffe2jax.lowering.windows import offset_slices, spatial
 
 P = caffe_pb2.PoolingParameter
 MAX, AVE, STOCHASTIC = P.MAX, P.AVE, P.STOCHASTIC
@@ -128,7 +128,7 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 
 # -- the computations -------------------------------------------------------------------------
 
-# How MAX and AVE pooling run: "phases" (lowering/windows.py: the windows as strided views,
+# How MAX and AVE pooling run: "phases" (lowering/engines/windows.py: the windows as strided views,
 # their backward as shifted sums per stride phase, all fusible), "xla" (reduce_window, whose
 # backward is select_and_scatter / a padded window sum), or "auto": phases on the CPU, where
 # benchmarks/fast_paths.py --path pool measured it; elsewhere what the GPU table in
@@ -154,7 +154,7 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -
 
 # Layers whose output XLA:CPU would recompute in each of the window views it is fused into
 # (they call exp, log or pow per element): behind one, MAX/AVE pooling reads through
-# reduce_window, which reads its input once (lowering/windows.py window_max).
+# reduce_window, which reads its input once (lowering/engines/windows.py window_max).
 EXPENSIVE_PRODUCERS = frozenset(
     {"LRN", "Sigmoid", "TanH", "Power", "Exp", "Log", "BNLL", "ELU", "Swish", "Softmax", "MVN"}
 )

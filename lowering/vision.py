@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering import onednn
+from caffe2jax.lowering.engines import onednn
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import canonical_axis, fail
 
@@ -175,7 +175,7 @@ def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arra
     def conv(x):
         group = layer.param.convolution_param.group
         macs = _macs(geometry, x.shape[0], x.shape[geometry.axis + 1 :], params[0].shape)
-        if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
+        if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/engines/onednn.py)
             args = geometry.stride, geometry.pad, geometry.dilation, group
             return onednn.convolution(x, params[0], *args, channels_last=False)
         return lax.conv_general_dilated(
@@ -205,7 +205,7 @@ def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
     macs = _macs(geometry, x.shape[0], x.shape[1:3], params[0].shape)
     if _pointwise(params[0], geometry, group):
         y = _pointwise_conv(x, params[0], geometry.stride)
-    elif onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/onednn.py)
+    elif onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/engines/onednn.py)
         args = geometry.stride, geometry.pad, geometry.dilation, group
         y = onednn.convolution(x, params[0], *args, channels_last=True)
     elif _few_channels(params[0], group, macs):

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from caffe2jax.fileio import atomic_write
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.image import decode_image
+from caffe2jax.runtime.formats.atomic import atomic_write
 
 
 def parse_datum(value: bytes, *, where: str = "Datum") -> caffe_pb2.Datum:

@@ -28,10 +28,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from caffe2jax.fileio import atomic_path
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, DataError
-from caffe2jax.runtime import hdf5_read
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
 from caffe2jax.runtime.data.sources import (
     DataSource,
@@ -39,6 +37,8 @@ from caffe2jax.runtime.data.sources import (
     make_rngs,
     positive_batch_size,
 )
+from caffe2jax.runtime.formats import hdf5_read
+from caffe2jax.runtime.formats.atomic import atomic_path
 
 
 def load_hdf5_tops(path: Path, names: Sequence[str]) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ from caffe2jax.runtime.rl.config import RLConfig
 from caffe2jax.runtime.rl.envs import ENVS, CartPoleParams, make_env
 from caffe2jax.runtime.rl.policy import PolicyNet, PolicySpec, RLError
 from caffe2jax.runtime.rl.rollout import RolloutOptions, Trajectory
-from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult, TrainState
+from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, PolicyState, RunResult
 
 __all__ = [
     "ENVS",
@@ -24,7 +24,7 @@ __all__ = [
     "RLError",
     "RolloutOptions",
     "RunResult",
-    "TrainState",
+    "PolicyState",
     "Trajectory",
     "make_env",
 ]

@@ -26,7 +26,7 @@ from caffe2jax.runtime.rl.rollout import Trajectory, explore, preprocess, sample
 
 if TYPE_CHECKING:
     from caffe2jax.runtime.rl.config import RLConfig
-    from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, TrainState
+    from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, PolicyState
 
 
 def open_env(config: RLConfig) -> HostEnv:
@@ -76,7 +76,7 @@ def _pad(rows: list[np.ndarray], length: int) -> jax.Array:
     return jnp.asarray(np.concatenate([stacked, pad]))
 
 
-def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tuple:
+def _play(trainer: PolicyGradientTrainer, ts: PolicyState, key: jax.Array) -> tuple:
     """One episode per lane on the host: lists of per-step arrays and the new lane memory."""
     host, cfg, act = trainer.host, trainer.config, _act_fn(trainer)
     true_obs = host.reset().reshape(cfg.batch_size, -1).astype(np.float32)
@@ -107,13 +107,15 @@ def _play(trainer: PolicyGradientTrainer, ts: TrainState, key: jax.Array) -> tup
     return record, lanes._replace(episodes=first + cfg.batch_size)
 
 
-def train_batch(trainer: PolicyGradientTrainer, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+def train_batch(
+    trainer: PolicyGradientTrainer, ts: PolicyState
+) -> tuple[PolicyState, BatchMetrics]:
     """``batch_size`` Gymnasium episodes from the host, then the jitted rule and update."""
-    from caffe2jax.runtime.rl.trainer import TrainState, episode_metrics
+    from caffe2jax.runtime.rl.trainer import PolicyState, episode_metrics
 
     key, k_play = jax.random.split(ts.key)
     record, lanes = _play(trainer, ts, k_play)
     length = _bucket(len(record["m"]))
     traj = Trajectory(*(_pad(record[k], length) for k in "xaprm"))
     params, opt_state = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
-    return TrainState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
+    return PolicyState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)

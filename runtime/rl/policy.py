@@ -26,11 +26,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from caffe2jax.api import Model
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.lowering import memory_loss
 from caffe2jax.lowering.graph import Params
+from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.util import count
 
 SIGMOID, SOFTMAX = "sigmoid", "softmax"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from caffe2jax.fileio import atomic_write
+from caffe2jax.runtime.formats.atomic import atomic_write
 from caffe2jax.runtime.rl.envs import CartPoleParams
 
 WIDTH, HEIGHT = 600, 400

@@ -17,8 +17,8 @@ import numpy as np
 
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import new_lanes
-from caffe2jax.runtime.rl.trainer import SOLVED_WINDOW, PolicyGradientTrainer, TrainState
-from caffe2jax.runtime.training import merge
+from caffe2jax.runtime.rl.trainer import SOLVED_WINDOW, PolicyGradientTrainer, PolicyState
+from caffe2jax.runtime.train.step import merge
 
 
 @dataclass
@@ -50,17 +50,17 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _init_fn(trainer: PolicyGradientTrainer):
-    def init(seed: jax.Array) -> TrainState:
+    def init(seed: jax.Array) -> PolicyState:
         k_init, k_run = jax.random.split(jax.random.key(seed))
         params, state = trainer.model.init(k_init)
         opt_state = trainer.tx.init(merge(params, state))
         lanes = new_lanes(trainer.config.batch_size, trainer.policy.obs_size)
-        return TrainState(params, state, opt_state, k_run, lanes)
+        return PolicyState(params, state, opt_state, k_run, lanes)
 
     return init
 
 
-def _shard(tree: TrainState, count: int) -> TrainState:
+def _shard(tree: PolicyState, count: int) -> PolicyState:
     devices = jax.devices()
     if len(devices) < 2 or count % len(devices):
         return tree

@@ -27,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.api import Model
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend import ir
 from caffe2jax.lowering import memory_loss  # noqa: F401 - registers MemoryLoss
 from caffe2jax.lowering.graph import Params
+from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.rl import config as rl_config
 from caffe2jax.runtime.rl import host_loop, rule
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
@@ -45,14 +45,14 @@ from caffe2jax.runtime.rl.rollout import (
     rollout_continue,
     rollout_start,
 )
-from caffe2jax.runtime.solver_setup import read_solver_param, resolve
-from caffe2jax.runtime.solvers import solver_iter
-from caffe2jax.runtime.training import Trainer, merge
+from caffe2jax.runtime.train.setup import read_solver_param, resolve
+from caffe2jax.runtime.train.solvers import solver_iter
+from caffe2jax.runtime.train.step import Trainer, merge
 
 SOLVED_WINDOW = 100
 
 
-class TrainState(NamedTuple):
+class PolicyState(NamedTuple):
     """Everything a batch changes: net params/state, solver state, PRNG key, lane memory."""
 
     params: Params
@@ -74,7 +74,7 @@ class BatchMetrics(NamedTuple):
 class RunResult:
     """What :meth:`PolicyGradientTrainer.run` did."""
 
-    state: TrainState
+    state: PolicyState
     returns: list[float] = field(default_factory=list)
     steps: int = 0
     seconds: float = 0.0
@@ -138,7 +138,7 @@ class PolicyGradientTrainer:
         by XLA's collectives inside the one program; None for one device."""
         if devices is None:
             return None
-        from caffe2jax.runtime.devices import check_batch, make_mesh
+        from caffe2jax.runtime.parallel.devices import check_batch, make_mesh
 
         mesh = make_mesh(devices)
         if mesh is not None:
@@ -150,11 +150,11 @@ class PolicyGradientTrainer:
             check_batch("rl_param batch_size", self.config.batch_size, mesh)
         return mesh
 
-    def _place(self, ts: TrainState) -> TrainState:
+    def _place(self, ts: PolicyState) -> PolicyState:
         """``ts`` on the mesh: lanes split along the episode batch, the rest replicated."""
         if self.mesh is None:
             return ts
-        from caffe2jax.runtime.devices import replicated, sharded
+        from caffe2jax.runtime.parallel.devices import replicated, sharded
 
         rep, shard = replicated(self.mesh), sharded(self.mesh)
         params, state, opt_state, key, episodes = jax.device_put(
@@ -162,13 +162,13 @@ class PolicyGradientTrainer:
         )
         lanes = Lanes(jax.device_put(ts.lanes.last, shard),
                       jax.device_put(ts.lanes.has_last, shard), episodes)  # fmt: skip
-        return TrainState(params, state, opt_state, key, lanes)
+        return PolicyState(params, state, opt_state, key, lanes)
 
     def _keep_split(self, lanes: Lanes) -> Lanes:
         """Inside the program: the lanes stay split over the devices."""
         if self.mesh is None:
             return lanes
-        from caffe2jax.runtime.devices import sharded
+        from caffe2jax.runtime.parallel.devices import sharded
 
         keep = lambda x: jax.lax.with_sharding_constraint(x, sharded(self.mesh))  # noqa: E731
         return lanes._replace(last=keep(lanes.last), has_last=keep(lanes.has_last))
@@ -211,14 +211,14 @@ class PolicyGradientTrainer:
         threshold = self.host.reward_threshold if self.host is not None else None
         return rl_config.default_target(self.config, threshold)
 
-    def init(self, seed: int | None = None) -> TrainState:
+    def init(self, seed: int | None = None) -> PolicyState:
         """Fresh params (Caffe's fillers), solver state, PRNG key and lane memory."""
         seed = self.config.seed if seed is None else seed
         k_init, k_run = jax.random.split(jax.random.key(seed))
         params, state = self._init(k_init)
         opt_state = self.tx.init(merge(params, state))
         lanes = new_lanes(self.config.batch_size, self.policy.obs_size)
-        return self._place(TrainState(params, state, opt_state, k_run, lanes))
+        return self._place(PolicyState(params, state, opt_state, k_run, lanes))
 
     # -- the jitted pieces --------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class PolicyGradientTrainer:
         params, opt_state, _ = self.solver.update(params, state, opt_state, grads)
         return params, opt_state
 
-    def _batch_fn(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+    def _batch_fn(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
         """``batch_size`` episodes in the JAX env, the rule and one update (jitted)."""
         self.traces += 1
         key, k_roll = jax.random.split(ts.key)
@@ -255,11 +255,11 @@ class PolicyGradientTrainer:
         )
         params, opt_state = self._learn_fn(ts.params, ts.state, ts.opt_state, traj)
         metrics = episode_metrics(traj)
-        return TrainState(params, ts.state, opt_state, key, self._keep_split(lanes)), metrics
+        return PolicyState(params, ts.state, opt_state, key, self._keep_split(lanes)), metrics
 
     # -- driving ------------------------------------------------------------------------------
 
-    def train_batch(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+    def train_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
         """One update from ``batch_size`` new episodes."""
         if self.host is not None:
             return host_loop.train_batch(self, ts)
@@ -267,7 +267,7 @@ class PolicyGradientTrainer:
             return self._uncapped_batch(ts)
         return self._batch(ts)
 
-    def _uncapped_batch(self, ts: TrainState) -> tuple[TrainState, BatchMetrics]:
+    def _uncapped_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
         """No step cap (MyCaffe's gym): the batch runs as bounded rollout programs of
         ``rollout_chunk`` steps until every lane's episode ended, then one learn program on
         the whole trajectory (padded to a power-of-two number of segments, so the learn
@@ -287,7 +287,7 @@ class PolicyGradientTrainer:
         parts += [jax.tree.map(jnp.zeros_like, parts[0])] * (bucket - len(parts))
         full = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
         params, opt_state, metrics = self._learn_metrics(ts.params, ts.state, ts.opt_state, full)
-        return TrainState(params, ts.state, opt_state, key, carry.lanes), metrics
+        return PolicyState(params, ts.state, opt_state, key, carry.lanes), metrics
 
     def _act(self, params: Params, state: Params) -> Callable[[jax.Array], jax.Array]:
         return lambda x: self.policy.forward(params, state, x)[0]
@@ -308,7 +308,7 @@ class PolicyGradientTrainer:
 
     def run(
         self,
-        ts: TrainState | None = None,
+        ts: PolicyState | None = None,
         *,
         episodes: int | None = None,
         target: float | None = None,
@@ -336,13 +336,13 @@ class PolicyGradientTrainer:
                 on_batch(result, metrics)
         return result
 
-    def save(self, path: str | os.PathLike, ts: TrainState, fmt: str | None = None) -> Path:
+    def save(self, path: str | os.PathLike, ts: PolicyState, fmt: str | None = None) -> Path:
         """Write the policy's weights as a .caffemodel (``fmt="hdf5"``: Caffe's HDF5)."""
-        from caffe2jax.runtime.weights import save_weights
+        from caffe2jax.runtime.formats.weights import save_weights
 
         return save_weights(path, self.model, ts.params, ts.state, format=fmt)
 
-    def iterations(self, ts: TrainState) -> int:
+    def iterations(self, ts: PolicyState) -> int:
         """Solver updates applied so far (Caffe's ``iter``)."""
         return solver_iter(ts.opt_state)
 

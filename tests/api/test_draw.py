@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import caffe2jax.draw as draw
+import caffe2jax.pycaffe.draw as draw
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.frontend.pipeline import load_param
 from caffe2jax.proto import caffe_pb2

@@ -9,8 +9,8 @@ from jax import export
 
 import caffe2jax
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.runtime.export import describe, export_forward, load_exported, save_exported
-from caffe2jax.runtime.weights import load_weights
+from caffe2jax.runtime.formats.export import describe, export_forward, load_exported, save_exported
+from caffe2jax.runtime.formats.weights import load_weights
 from tests import cli_runner
 from tests.golden import GOLDEN, require
 

@@ -83,7 +83,7 @@ def _source_shapes(text: str):
     """Data-pipeline layers learn their shapes from the source (as Caffe's DataLayerSetUp)."""
     if '"Data"' in text or '"HDF5Data"' in text:
         from caffe2jax.frontend.pipeline import load_net
-        from caffe2jax.runtime.feeding import Feeder
+        from caffe2jax.runtime.data.feeding import Feeder
 
         feeder = Feeder(load_net(text, "TRAIN"))
         shapes = feeder.input_shapes()

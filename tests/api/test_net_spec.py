@@ -10,12 +10,12 @@ import pytest
 from google.protobuf import text_format
 
 import caffe2jax as caffe
-from caffe2jax import coord_map
 from caffe2jax import layers as L
 from caffe2jax import params as P
 from caffe2jax.frontend.filter import layer_included, make_state
 from caffe2jax.frontend.parse import read_net
 from caffe2jax.proto import caffe_pb2
+from caffe2jax.pycaffe import coord_map
 
 MODELS = Path(__file__).resolve().parents[2].parent / "shared/caffe/models"
 LENET = MODELS / "examples/mnist/lenet_train_test.prototxt"

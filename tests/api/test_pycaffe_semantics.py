@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.runtime.solver_loop import SolverLoop
+from caffe2jax.runtime.train.loop import SolverLoop
 from tests.api.test_solver import close, load_npz, make_solver
 
 jax.config.update("jax_default_matmul_precision", "highest")

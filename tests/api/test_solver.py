@@ -119,7 +119,7 @@ def test_snapshot_files_follow_caffes_names_and_layout(tmp_path):
     solver.step(3)
     weights, state = solver.snapshot()
     assert weights.name == "adam_iter_3.caffemodel" and state.name == "adam_iter_3.solverstate"
-    from caffe2jax.runtime.solverstate import read_solverstate
+    from caffe2jax.runtime.formats.solverstate import read_solverstate
 
     saved = read_solverstate(state)
     assert saved.iter == 3 and saved.learned_net == "adam_iter_3.caffemodel"

@@ -134,7 +134,7 @@ def test_force_backward_turns_everything_on_but_labels():
 def test_blob_counts_are_checked_where_each_type_registers(tmp_path):
     """Caffe's CheckBlobCounts: each lowering declares its counts when it registers; a layer
     that breaks them fails at compile time naming file:line, layer and what it takes."""
-    from caffe2jax.api import compile as compile_net
+    from caffe2jax.lowering.model import compile as compile_net
 
     path = tmp_path / "bad.prototxt"
     path.write_text(

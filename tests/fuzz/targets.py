@@ -59,11 +59,11 @@ class Seeds:
 
 
 def make_seeds(work: Path) -> Seeds:
-    from caffe2jax.api import Model
     from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.lowering.model import Model
     from caffe2jax.runtime.data.datum import array_to_datum
     from caffe2jax.runtime.data.db import Writer
-    from caffe2jax.runtime.solverstate import read_solverstate, write_solverstate
+    from caffe2jax.runtime.formats.solverstate import read_solverstate, write_solverstate
 
     work.mkdir(parents=True, exist_ok=True)
     nets = [require(p).read_text() for p in NET_SEEDS] + [POOL_SEED]
@@ -98,10 +98,10 @@ def make_seeds(work: Path) -> Seeds:
 
 def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """summary/time's path: parse, upgrade, filter, build, infer shapes, size check."""
-    from caffe2jax.api import Model
-    from caffe2jax.commands.summary import summary_lines
+    from caffe2jax.cli.summary import summary_lines
     from caffe2jax.frontend.pipeline import load_net
-    from caffe2jax.runtime.memory import check_net_fits
+    from caffe2jax.lowering.model import Model
+    from caffe2jax.runtime.parallel.memory import check_net_fits
 
     text = mutate_text(rng, rng.choice(seeds.nets), seeds.nets)
     path = work / "net.prototxt"
@@ -114,8 +114,8 @@ def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
 
 def solver_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """train's pre-flight: read and check the solver, then its train net's size."""
-    from caffe2jax.commands.train import check_train_net_fits
-    from caffe2jax.runtime.solver_setup import check_solver, read_solver_param
+    from caffe2jax.cli.train import check_train_net_fits
+    from caffe2jax.runtime.train.setup import check_solver, read_solver_param
 
     text, net = rng.choice(seeds.solvers)
     shutil.copy(net, work / "net.prototxt")
@@ -127,8 +127,8 @@ def solver_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
 
 
 def _weights_target(rng: random.Random, seeds: Seeds, path: Path, work: Path) -> None:
-    from caffe2jax.runtime.weights import load_weights
-    from caffe2jax.runtime.weights_convert import convert_weights
+    from caffe2jax.runtime.formats.convert import convert_weights
+    from caffe2jax.runtime.formats.weights import load_weights
 
     choice = rng.randrange(3)
     if choice == 0:
@@ -187,7 +187,7 @@ def _solverstate_h5_defect(rng: random.Random, path: Path) -> None:
 
 def solverstate_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """Solver::Restore's reading of a binary or HDF5 .solverstate."""
-    from caffe2jax.runtime.solverstate import read_solverstate
+    from caffe2jax.runtime.formats.solverstate import read_solverstate
 
     path = work / "s.solverstate"
     choice = rng.randrange(3)

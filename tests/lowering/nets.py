@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from caffe2jax.api import Model
-from caffe2jax.api import compile as compile_net
+from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.model import compile as compile_net
 
 
 def one_layer(body: str, inputs: dict[str, tuple[int, ...]], phase: str = "TEST") -> Model:

@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from caffe2jax.api import Model
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.layout import plan
-from caffe2jax.runtime.weights import load_weights
+from caffe2jax.lowering.model import Model
+from caffe2jax.runtime.formats.weights import load_weights
 from tests.golden import GOLDEN, require
 from tests.lowering.nets import one_layer
 

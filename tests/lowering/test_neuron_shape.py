@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.model import compile as compile_net
 from tests.golden import GOLDEN, load_npz
 from tests.lowering.nets import one_layer
 

@@ -1,5 +1,5 @@
-"""The oneDNN convolution path (CAFFE2JAX_CPU_CONV=onednn, lowering/onednn.py) changes no result
-beyond float rounding.
+"""The oneDNN convolution path (CAFFE2JAX_CPU_CONV=onednn, lowering/engines/onednn.py) changes no
+result beyond float rounding.
 
 Every golden per-layer 2-D Convolution case runs with the path on and is checked against real
 Caffe (as tests/lowering/test_golden_layers.py does) and against the path off; the golden nets
@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.api import Model
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.lowering import onednn
-from caffe2jax.runtime.weights import load_weights
+from caffe2jax.lowering.engines import onednn
+from caffe2jax.lowering.model import Model
+from caffe2jax.runtime.formats.weights import load_weights
 from tests.golden import GOLDEN, load_npz, require
 from tests.lowering.test_golden_layers import rel_err
 from tests.lowering.test_layout import GOLDEN_NETS, _data_shape, close, golden_inputs
@@ -199,7 +199,7 @@ def test_size_rule_keeps_small_and_single_channel_convolutions_on_xla(monkeypatc
 def test_net_under_the_size_rule_routes_by_size(monkeypatch):
     """On CIFAR-10 quick at batch 100 every convolution has ≥ 16M multiply-adds: all go to
     oneDNN; at batch 1 none does."""
-    from caffe2jax.api import compile as compile_net
+    from caffe2jax.lowering.model import compile as compile_net
     from tests.golden import MODELS, require
 
     monkeypatch.setenv(onednn.ENV, "onednn")

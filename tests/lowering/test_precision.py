@@ -1,5 +1,5 @@
-"""Compute precision (lowering/precision.py): fp32 is Caffe's; bf16 computes the heavy layers in
-bfloat16 while params, gradients and returned blobs stay float32."""
+"""Compute precision (lowering/engines/precision.py): fp32 is Caffe's; bf16 computes the heavy
+layers in bfloat16 while params, gradients and returned blobs stay float32."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.api import default_precision
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.runtime.weights import load_weights
+from caffe2jax.lowering.model import default_precision
+from caffe2jax.runtime.formats.weights import load_weights
 from tests.golden import GOLDEN, require
 
 NETS = require(GOLDEN / "nets")

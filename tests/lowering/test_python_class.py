@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import caffe2jax as caffe
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.python_class import user_errors
 
 _names = itertools.count()

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.python_layer import (
     register_python_layer,
     registered_python_layers,

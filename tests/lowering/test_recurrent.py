@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.model import compile as compile_net
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

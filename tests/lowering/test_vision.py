@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.api import compile as compile_net
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import pooling
+from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.registry import Context
 
 jax.config.update("jax_default_matmul_precision", "highest")

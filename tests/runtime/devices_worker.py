@@ -75,7 +75,7 @@ def solver_file(folder: Path, batch: int, kind: str, iter_size: int = 1, bn: boo
 def train(path: Path, iters: int, devices=None, restore=None, then: int = 0):
     """(params, state) as numpy after ``iters`` iterations, and the loop (or, with ``then``,
     the (params, state) after that many more)."""
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     loop = SolverLoop(path, devices=devices)
     try:
@@ -112,7 +112,7 @@ def diff(a, b) -> float:
 def test_nets(folder: Path) -> dict:
     """Solver::Test on the mesh (3 batches over 4 devices: one round, one padded slot)
     against one device, from the same weights."""
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     scores = []
     for devices in (None, "all"):
@@ -137,7 +137,7 @@ def pycaffe_names(folder: Path) -> dict:
     """get_solver(devices=...): the train net view shows device 0's batch; the pycaffe
     multi-GPU counts describe the mesh."""
     import caffe2jax as caffe
-    from caffe2jax.runtime.feeding import Feeder
+    from caffe2jax.runtime.data.feeding import Feeder
 
     solver = caffe.get_solver(str(solver_file(folder, 16, "SGD")), devices=[0, 1, 2, 3])
     solver.step(2)
@@ -156,7 +156,7 @@ def pycaffe_names(folder: Path) -> dict:
 def refusals(folder: Path) -> dict:
     """What multi-device training refuses, each with its one-line message."""
     from caffe2jax.frontend.errors import CaffeError
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     net = folder / "input.prototxt"
     net.write_text(

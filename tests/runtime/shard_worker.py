@@ -23,12 +23,12 @@ from google.protobuf import text_format
 from PIL import Image
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime import data_parallel
 from caffe2jax.runtime.data import Prefetcher, make_source
+from caffe2jax.runtime.data.feeding import MemoryData
 from caffe2jax.runtime.data.shards import period_plan
 from caffe2jax.runtime.data.sources import plain
-from caffe2jax.runtime.devices import make_mesh
-from caffe2jax.runtime.feeding import MemoryData
+from caffe2jax.runtime.parallel import data_parallel
+from caffe2jax.runtime.parallel.devices import make_mesh
 from tests.runtime.devices_worker import LMDB, solver_file
 
 ROUNDS, LOCAL, SEED = 3, [1, 3], 5
@@ -208,7 +208,7 @@ def padding_case(folder: Path, mesh, local: list[int]) -> dict:
 def placement_case(folder: Path) -> dict:
     """SolverLoop on 4 devices: each device's slice of the assembled input was put on that
     device by the prefetch thread; the main thread copies nothing."""
-    from caffe2jax.runtime.solver_loop import SolverLoop
+    from caffe2jax.runtime.train.loop import SolverLoop
 
     real, calls = jax.device_put, []
 

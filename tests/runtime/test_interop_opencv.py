@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.runtime.weights import load_weights, save_weights
+from caffe2jax.runtime.formats.weights import load_weights, save_weights
 from tests.golden import GOLDEN, require
 
 cv2 = pytest.importorskip("cv2")

@@ -9,8 +9,8 @@ import pytest
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime import doublefloat as dfl
-from caffe2jax.runtime.lr_policy import learning_rate
+from caffe2jax.runtime.train import doublefloat as dfl
+from caffe2jax.runtime.train.lr_policy import learning_rate
 from tests.golden import GOLDEN, load_npz, require
 
 F, D = np.float32, np.float64

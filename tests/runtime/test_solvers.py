@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime import solvers
+from caffe2jax.runtime.train import solvers
 from tests.golden import GOLDEN, load_npz, require
 from tests.runtime.test_lr_policy import SOLVER_CASES
 

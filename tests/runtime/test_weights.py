@@ -14,8 +14,8 @@ import pytest
 import caffe2jax
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import WeightsError
-from caffe2jax.runtime.weights import load_weights, save_weights, weights_format
-from caffe2jax.runtime.weights_binary import caffe_layer_params
+from caffe2jax.runtime.formats.caffemodel import caffe_layer_params
+from caffe2jax.runtime.formats.weights import load_weights, save_weights, weights_format
 from tests.cli_runner import run_cli
 from tests.golden import GOLDEN, MODELS, load_npz, require
 
@@ -211,7 +211,7 @@ def test_v1_layers_with_legacy_dims_and_double_data(tmp_path):
 
 
 def test_unpacked_values_and_repeated_packed_chunks(tmp_path):
-    from caffe2jax.runtime.blob import I32, LEN, encode_varint, tag
+    from caffe2jax.runtime.formats.blobproto import I32, LEN, encode_varint, tag
 
     def field(number: int, payload: bytes) -> bytes:
         return tag(number, LEN) + encode_varint(len(payload)) + payload
@@ -263,7 +263,7 @@ def test_layers_missing_from_the_file_keep_their_values_and_extra_ones_are_ignor
     model = caffe2jax.compile(IP_NET)
     path = write_layers(tmp_path / "w.caffemodel", ip_layer("ip", (4, 3), (4,)),
                         ip_layer("elsewhere", (9,)))  # fmt: skip
-    with caplog.at_level(logging.DEBUG, logger="caffe2jax.runtime.weights"):
+    with caplog.at_level(logging.DEBUG, logger="caffe2jax.runtime.formats.weights"):
         params, state = load_weights(path, model)
     assert "elsewhere" in caplog.text
     fresh, _ = model.init(0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from caffe2jax import cli
+from caffe2jax.cli import main as cli
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum, read_blobproto
 from caffe2jax.runtime.data.db import open_db

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from caffe2jax.cli import main
+from caffe2jax.cli.main import main
 from caffe2jax.runtime.rl import evaluate
 from caffe2jax.runtime.rl.envs import cartpole_v1
 from caffe2jax.runtime.rl.policy import SIGMOID, SOFTMAX

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from caffe2jax.cli import main
+from caffe2jax.cli.main import main
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.seeds import _mark_solved, parse_seeds, trailing_means, train_seeds
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer, RunResult, _extend

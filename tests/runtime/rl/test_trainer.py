@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.cli import main
+from caffe2jax.cli.main import main
+from caffe2jax.runtime.formats.weights import load_weights
 from caffe2jax.runtime.rl import rollout as ro
 from caffe2jax.runtime.rl.config import UNCAPPED_TARGET
 from caffe2jax.runtime.rl.envs import cartpole_v1
 from caffe2jax.runtime.rl.policy import SIGMOID, SOFTMAX, RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
-from caffe2jax.runtime.weights import load_weights
 from tests.runtime.rl.test_rule import net_text, solver_text
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rl"

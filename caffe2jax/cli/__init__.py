@@ -1,0 +1,18 @@
+"""The `caffe2jax` command line: ``main`` (main.py) and one module per verb, each exposing
+``add(subparsers)``; ``timing`` holds the `time` verb's measurements, ``logs`` Caffe's log lines."""
+
+COMMANDS: list[str] = [
+    "compute_image_mean",
+    "convert_imageset",
+    "convert_weights",
+    "device_query",
+    "draw",
+    "export",
+    "plot",
+    "rl",
+    "summary",
+    "test",
+    "time",
+    "train",
+    "upgrade",
+]

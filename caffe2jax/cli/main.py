@@ -1,0 +1,100 @@
+"""The `caffe2jax` command line, shaped like Caffe's `caffe` tool.
+
+Each subcommand lives in ``caffe2jax/cli/<name>.py`` with ``add(subparsers)``. User
+errors (:class:`caffe2jax.frontend.errors.CaffeError`, missing files) print one line and exit 1.
+
+Before any command runs, :func:`configure_jax` turns on JAX's persistent compilation cache (a
+second run of a net loads its compiled programs instead of compiling them again) and the
+XLA:CPU options the benchmarks show pay (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from caffe2jax import __version__
+from caffe2jax.cli import COMMANDS
+from caffe2jax.frontend.errors import CaffeError, one_line
+
+NO_CACHE_ENV = "CAFFE2JAX_NO_COMPILE_CACHE"
+CACHE_DIR_ENV = "CAFFE2JAX_CACHE_DIR"
+# XLA:CPU options measured to pay (docs/performance.md); appended after the user's own
+# XLA_FLAGS only where the user did not set the same flag.
+CPU_FLAGS: dict[str, str] = {}
+
+
+def cache_dir() -> Path:
+    """``$CAFFE2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/...``)."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "caffe2jax" / "xla"
+
+
+def configure_jax(compile_cache: bool = True) -> Path | None:
+    """Set XLA:CPU flags (before JAX starts its backend) and the persistent compilation cache.
+
+    The cache is off when ``compile_cache`` is false or ``$CAFFE2JAX_NO_COMPILE_CACHE`` is set
+    to anything but ``0``/empty. Returns the cache folder in use, or None.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    extra = [f"--{k}={v}" for k, v in CPU_FLAGS.items() if f"--{k}" not in flags]
+    if extra:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
+    if not compile_cache or os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    import jax
+
+    folder = cache_dir()
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    # every program is worth keeping: a CLI run compiles a handful, most under a second
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="caffe2jax",
+        description="Compile and run Caffe nets and solvers with JAX/XLA.",
+    )
+    parser.add_argument("--version", action="version", version=f"caffe2jax {__version__}")
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help=f"do not read or write the persistent compilation cache (also: {NO_CACHE_ENV}=1; "
+        f"the cache lives in ${CACHE_DIR_ENV} or ~/.cache/caffe2jax/xla)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"caffe2jax.cli.{name}").add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    configure_jax(compile_cache=not args.no_compile_cache)
+    try:
+        return int(args.func(args) or 0)
+    except CaffeError as err:
+        print(f"caffe2jax {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a file the user named cannot be read or written
+        what = one_line(f"{err.strerror or err}: {err.filename or ''}")
+        print(f"caffe2jax {args.command}: error: {what}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"caffe2jax {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""`caffe2jax rl --solver S`: MyCaffe's policy-gradient trainer on Cart-Pole (or gym:ID).
+
+Prints progress every ~100 episodes (``Episode E, mean return = R (last 100), …``), and once
+the mean return of the last 100 episodes reaches the target, one line
+``Solved: mean return R over the last 100 episodes at episode E (T s, S env-steps/s)`` and
+stops. ``T`` counts from the start of the command (net compilation and XLA compilation
+included); ``S`` counts real environment steps only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.runtime.formats.solverstate import snapshot_name
+from caffe2jax.runtime.rl import envs
+from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
+
+ENV_HELP = ", ".join(sorted(envs.ENVS)) + ", gymnax:<id> or gym:<Gymnasium id>"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rl",
+        help="train a MemoryData/MemoryLoss policy net with MyCaffe's policy-gradient rule",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--solver", required=True, help="solver prototxt (net + rl_param)")
+    p.add_argument("--env", help=f"environment: {ENV_HELP} (default: rl_param env)")
+    p.add_argument("--episodes", type=int, help="stop after this many episodes")
+    p.add_argument("--target", type=float, help="mean return over 100 episodes that solves")
+    p.add_argument("--seed", type=int, help="PRNG seed (same seed, same numbers)")
+    p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
+    p.add_argument("--gpu", help="split each batch of episodes over devices: 'all' or ids 0,1")
+    p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
+    p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.caffemodel snapshots")
+    p.add_argument(
+        "--test", action="store_true", help="run a trained policy (--weights), no learning"
+    )
+    p.add_argument("--weights", metavar="W", help="--test: the trained .caffemodel")
+    p.add_argument("--sample", action="store_true", help="--test: draw actions (default greedy)")
+    p.add_argument("--render", metavar="GIF", help="--test: animate one Cart-Pole episode")
+    p.add_argument(
+        "--seeds", metavar="LIST", help="train one policy per seed side by side, e.g. 0-15"
+    )
+    p.set_defaults(func=run)
+
+
+def _progress(every: int):
+    """Print one line each ``every`` episodes; the rate is over the episodes since the last."""
+    last = {"next": every, "steps": 0, "seconds": 0.0}
+
+    def show(result: RunResult, metrics: BatchMetrics) -> None:
+        n = len(result.returns)
+        if n < last["next"] or result.solved_at is not None:
+            return
+        window = result.returns[-100:]
+        rate = (result.steps - last["steps"]) / max(result.seconds - last["seconds"], 1e-9)
+        last.update(next=(n // every + 1) * every, steps=result.steps, seconds=result.seconds)
+        print(
+            f"Episode {n}, mean return = {sum(window) / len(window):.1f} (last "
+            f"{len(window)}), {result.steps} env-steps, {rate:.0f} env-steps/s",
+            flush=True,
+        )
+
+    return show
+
+
+def _snapshots(trainer: PolicyGradientTrainer, prefix: str | None):
+    """Caffe's snapshot cadence: every ``snapshot`` updates, named by iteration."""
+    param = trainer.solver_param
+    hdf5 = param.snapshot_format == caffe_pb2.SolverParameter.HDF5
+
+    def write(state) -> None:
+        path = Path(snapshot_name(prefix, trainer.iterations(state), hdf5, "caffemodel"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kind = "HDF5 file" if hdf5 else "binary proto file"
+        print(f"Snapshotting to {kind} {path}", flush=True)
+        trainer.save(path, state, "hdf5" if hdf5 else "binary")
+
+    return write
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CaffeError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _finish(plt, fig, ax, path: str, target: float | None, ylabel: str) -> None:
+    """The target line, labels and legend of a return plot, then the file."""
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xlabel("episode")
+    ax.set_ylabel(ylabel)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot(path: str, returns: list[float], target: float | None) -> None:
+    """Each episode's return and the mean of the last 100, with the target line."""
+    import numpy as np
+
+    plt = _pyplot()
+    values = np.asarray(returns)
+    episodes = np.arange(1, len(values) + 1)
+    window = np.convolve(values, np.ones(100), "full")[: len(values)] / np.minimum(episodes, 100)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(episodes, values, lw=0.6, alpha=0.5, label="return")
+    ax.plot(episodes, window, lw=1.8, label="mean of last 100")
+    _finish(plt, fig, ax, path, target, "return")
+
+
+def run_test(args: argparse.Namespace) -> int:
+    """MyCaffe's Test for a PG trainer: play episodes with the trained policy, no learning."""
+    import numpy as np
+
+    from caffe2jax.runtime.formats.weights import load_weights
+    from caffe2jax.runtime.rl import evaluate
+
+    if not args.weights:
+        raise CaffeError("rl --test needs --weights W (a .caffemodel the trainer wrote)")
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon)
+    params, state = load_weights(args.weights, trainer.model)
+    episodes = args.episodes or 100
+    greedy = not args.sample
+    seed = trainer.config.seed
+    res = evaluate.evaluate(trainer, params, state, episodes, greedy, seed, args.horizon)
+    mode = "greedy" if greedy else "sampled"
+    print(
+        f"Test: {episodes} episodes on {trainer.config.env} ({mode}): mean return "
+        f"{np.mean(res.returns):.1f} ± {np.std(res.returns):.1f} (min {np.min(res.returns):.0f}, "
+        f"max {np.max(res.returns):.0f}); {res.truncated} stopped at the horizon {res.horizon}"
+    )
+    if args.render:
+        from caffe2jax.runtime.rl.render import write_gif
+
+        states = evaluate.play_states(trainer, params, state, greedy, seed)
+        write_gif(args.render, trainer.env, states)
+        print(f"Wrote {args.render} ({len(states)} frames)")
+    return 0
+
+
+def _plot_seeds(path: str, result, target: float | None) -> None:
+    """Median trailing-100 mean over the seeds, with the 25-75% and min-max bands."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl.seeds import trailing_means
+
+    plt = _pyplot()
+    means = trailing_means(result.returns)
+    episodes = np.arange(1, means.shape[1] + 1)
+    q = np.percentile(means, [0, 25, 50, 75, 100], axis=0)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.fill_between(episodes, q[0], q[4], alpha=0.15, label="min-max")
+    ax.fill_between(episodes, q[1], q[3], alpha=0.35, label="25-75%")
+    ax.plot(episodes, q[2], lw=1.8, label=f"median of {len(result.seeds)} seeds")
+    _finish(plt, fig, ax, path, target, "mean return of the last 100 episodes")
+
+
+def run_seeds(args: argparse.Namespace) -> int:
+    """``--seeds``: independent policies side by side in one program (vmapped over seeds)."""
+    import numpy as np
+
+    from caffe2jax.runtime.rl.seeds import parse_seeds, train_seeds
+
+    start = time.perf_counter()
+    if args.plot:
+        _pyplot()
+    seeds = parse_seeds(args.seeds)
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=seeds[0], horizon=args.horizon)
+    target = args.target if args.target is not None else trainer.target
+    limit = args.episodes or trainer.config.max_episodes
+    if not limit:
+        raise CaffeError("--seeds needs an episode limit: --episodes N or rl_param max_episodes")
+    result = train_seeds(trainer, seeds, limit, target)
+    seconds = time.perf_counter() - start
+    for seed, at in zip(result.seeds, result.solved_at):
+        print(f"Seed {seed}: " + (f"solved at episode {at}" if at else "not solved"))
+    hit = [a for a in result.solved_at if a is not None]
+    spread = (
+        f"; solve episodes median {np.median(hit):.0f}, quartiles "
+        f"{np.percentile(hit, 25):.0f}-{np.percentile(hit, 75):.0f}, range {min(hit)}-{max(hit)}"
+        if hit
+        else ""
+    )
+    print(
+        f"Solved {len(hit)}/{len(seeds)} seeds (target {target:g}){spread} "
+        f"({seconds:.1f} s, {result.steps / max(seconds, 1e-9):.0f} env-steps/s)"
+    )
+    if args.plot:
+        _plot_seeds(args.plot, result, target)
+        print(f"Wrote {args.plot}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.test:
+        return run_test(args)
+    if args.seeds:
+        return run_seeds(args)
+    if args.weights or args.render or args.sample:
+        raise CaffeError("--weights, --render and --sample go with --test")
+    start = time.perf_counter()
+    if args.plot:
+        _pyplot()  # a missing matplotlib fails now, not after training
+    trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon,
+                                    devices=args.gpu)  # fmt: skip
+    cfg = trainer.config
+    target = args.target if args.target is not None else trainer.target
+    print(
+        f"Environment {cfg.env}, {trainer.policy.spec.kind} policy with "
+        f"{trainer.policy.spec.num_actions} actions, {cfg.batch_size} episodes per update, "
+        f"seed {cfg.seed}",
+        flush=True,
+    )
+    prefix = args.snapshot_prefix or trainer.solver_param.snapshot_prefix or None
+    every_updates = trainer.solver_param.snapshot
+    save = _snapshots(trainer, prefix) if prefix else None
+    show = _progress(100)
+
+    def on_batch(result: RunResult, metrics: BatchMetrics) -> None:
+        show(result, metrics)
+        if save and every_updates and trainer.iterations(result.state) % every_updates == 0:
+            save(result.state)
+
+    result = trainer.run(episodes=args.episodes, target=target, on_batch=on_batch, start=start)
+    seconds = time.perf_counter() - start
+    rate = result.steps / max(seconds, 1e-9)
+    window = result.returns[-100:]
+    if result.solved_at is not None:
+        print(
+            f"Solved: mean return {result.solved_mean:.1f} over the last 100 episodes at "
+            f"episode {result.solved_at} ({seconds:.1f} s, {rate:.0f} env-steps/s)"
+        )
+    else:
+        print(
+            f"Stopped after {len(result.returns)} episodes: mean return "
+            f"{sum(window) / max(len(window), 1):.1f} over the last {len(window)} "
+            f"({seconds:.1f} s, {rate:.0f} env-steps/s)"
+        )
+    written = every_updates and trainer.iterations(result.state) % every_updates == 0
+    if save and trainer.solver_param.snapshot_after_train and not written:
+        save(result.state)
+    if args.plot:
+        _plot(args.plot, result.returns, target)
+        print(f"Wrote {args.plot}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,107 @@
+"""`caffe2jax time --model M [--iterations N]`: forward and backward timings, like `caffe time`.
+
+Per-layer lines, then Caffe's averages, from compiled per-layer programs; then the times of
+the one fused XLA program the net runs as, compile times and peak memory
+(see :mod:`caffe2jax.cli.timing`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+
+from caffe2jax.cli import logs
+from caffe2jax.frontend.errors import CaffeError
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("time", help="time a net's forward and backward passes")
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--iterations", type=int, default=50)
+    p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "tf32", "bf16"],
+        help="how layers compute (params stay fp32)",
+    )
+    p.add_argument("--gpu", help="time on a GPU (an id, e.g. 0); default: the CPU")
+    p.add_argument(
+        "--no-per-layer",
+        dest="per_layer",
+        action="store_false",
+        help="time only the fused whole-net programs",
+    )
+    p.add_argument(
+        "--input-shape", action="append", default=[], metavar="BLOB=D0,D1,...",
+        help="shape of an input blob whose data source is not at hand (repeatable)",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from caffe2jax.cli.summary import parse_shapes, source_shapes
+    from caffe2jax.cli.timing import random_inputs, time_net
+    from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.lowering.model import Model
+    from caffe2jax.runtime.parallel.memory import check_net_fits
+
+    if args.iterations <= 0:
+        raise CaffeError(f"--iterations must be > 0, got {args.iterations}")
+    log = logs.setup(None)
+    net = load_net(args.model, args.phase)
+    shapes, _ = source_shapes(net, Path(args.model).parent)
+    shapes.update(parse_shapes(args.input_shape))
+    model = Model(net, shapes, precision=args.precision)
+    # forward activations, their gradients and the params' values and gradients
+    check_net_fits(model.net, itemsize=8, params=model.graph.decls)
+    device = _device(args.gpu) or jax.devices()[0]
+    with jax.default_device(device):
+        inputs = random_inputs(model)
+        log.info(f"Benchmark on {device}, precision {args.precision}: testing for "
+                 f"{args.iterations} iterations.")  # fmt: skip
+        t = time_net(model, inputs, args.iterations, per_layer=args.per_layer)
+    _report(log, t, args.iterations)
+    return 0
+
+
+def _device(gpu: str | None):
+    """The device ``--gpu`` names (None: JAX's default); a clear error when there is none."""
+    if gpu is None:
+        return None
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        raise CaffeError(f"--gpu {gpu}: no GPU visible to JAX (install jax[cuda12])")
+    if not gpu.isdigit() or int(gpu) >= len(gpus):
+        raise CaffeError(f"--gpu {gpu}: GPUs available: {', '.join(map(str, range(len(gpus))))}")
+    return gpus[int(gpu)]
+
+
+def _report(log, t, iterations: int) -> None:
+    """Caffe's lines (time.cpp's shapes), then the fused program's figures."""
+    if t.layers:
+        log.info("Average time per layer: ")
+        for layer in t.layers:
+            log.info(f"{layer.name:>10}\tforward: {layer.forward_ms:.5g} ms.")
+            log.info(f"{layer.name:>10}\tbackward: {layer.backward_ms:.5g} ms.")
+        log.info(f"Average Forward pass: {t.forward_ms:.5g} ms.")
+        log.info(f"Average Backward pass: {t.backward_ms:.5g} ms.")
+        log.info(f"Average Forward-Backward: {t.forward_ms + t.backward_ms:.5g} ms.")
+        log.info(f"Total Time: {(t.forward_ms + t.backward_ms) * iterations:.5g} ms.")
+        log.info(f"(per-layer figures: one compiled program per layer; compiling them took "
+                 f"{t.compile_layers_s:.3g} s)")  # fmt: skip
+    seed = "the loss" if t.seeded == "loss" else "top diffs of ones at the outputs"
+    log.info(f"Fused forward (one XLA program, returning the net's outputs): "
+             f"{t.fused_forward_ms:.5g} ms.")  # fmt: skip
+    log.info(f"Fused forward-backward (one XLA program, from {seed}): "
+             f"{t.fused_forward_backward_ms:.5g} ms.")  # fmt: skip
+    log.info(f"Compile time (XLA, or the compilation cache): forward {t.compile_forward_s:.3g} "
+             f"s, forward-backward {t.compile_forward_backward_s:.3g} s; tracing to StableHLO "
+             f"{t.trace_forward_s:.3g} s and {t.trace_forward_backward_s:.3g} s.")  # fmt: skip
+    log.info(f"Peak memory: {t.peak_bytes / 2**20:.1f} MiB ({t.peak_source}).")

@@ -1,0 +1,245 @@
+"""`caffe2jax train --solver S [--weights W | --snapshot X.solverstate]`, like `caffe train`.
+
+Pre-flight (before any net is built): an earlier run's snapshots (``<snapshot_prefix>_iter_*``)
+or log are not overwritten unless training resumes (``--snapshot``, the log is then appended
+to) or ``--force`` is given. Signals as Caffe's ``-sigint_effect``/``-sighup_effect``
+(stop|snapshot|none, defaults stop and snapshot), acted on between iterations; a second
+Ctrl-C exits at once with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from caffe2jax.cli import logs
+from caffe2jax.frontend.errors import CaffeError, SolverError
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a net with a Caffe solver prototxt")
+    p.add_argument("--solver", required=True, help="solver prototxt")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--weights", help="comma-separated .caffemodel file(s) to fine-tune from")
+    group.add_argument("--snapshot", help=".solverstate to resume training from")
+    p.add_argument("--iterations", type=int, help="override the solver's max_iter")
+    p.add_argument("--log", help="log file (default: <solver name>.log in this folder)")
+    p.add_argument("--force", action="store_true", help="overwrite an earlier run's files")
+    for sig, default in (("sigint", "stop"), ("sighup", "snapshot")):
+        p.add_argument(
+            f"--{sig}_effect",
+            f"-{sig}_effect",
+            choices=EFFECTS,
+            default=default,
+            help=f"what {sig.upper()} does between iterations (Caffe's default: {default})",
+        )
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "log"],
+        default="auto",
+        help="a progress bar (terminals, by default) or Caffe's log lines on stderr",
+    )
+    _add_device_flags(p)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="how layers compute (weights and solver history stay fp32)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """Caffe's -gpu, and the processes of a multi-host run (jax.distributed)."""
+    p.add_argument("--gpu", help="devices to train on: 'all' or ids like 0,1 (Caffe's -gpu)")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0, for multi-process training")
+    p.add_argument("--num-processes", type=int, help="number of processes (multi-process)")
+    p.add_argument("--process-id", type=int, help="this process's rank, 0..N-1 (multi-process)")
+    p.add_argument("--timeout", type=int, default=60,
+                   help="seconds to wait for all processes to join (default 60)")  # fmt: skip
+
+
+def _join_processes(args: argparse.Namespace) -> str | None:
+    """jax.distributed from the flags or environment; the device spec to train on (every
+    device of every process when several processes joined and --gpu is not given)."""
+    from caffe2jax.runtime.parallel import devices
+
+    setup = devices.distributed_params(args.coordinator, args.num_processes, args.process_id)
+    if setup is None:
+        return args.gpu
+    devices.initialize(*setup, timeout_s=args.timeout)
+    return args.gpu or "all"
+
+
+EFFECTS = ("stop", "snapshot", "none")
+
+
+def _snapshot_files(prefix: str) -> list[Path]:
+    """Files an earlier run with this ``snapshot_prefix`` left (Caffe's SnapshotFilename)."""
+    if not prefix:
+        return []
+    base = Path(prefix)
+    folder = base.parent if str(base.parent) else Path(".")
+    if not folder.is_dir():
+        return []
+    start = base.name + "_iter_"
+    kinds = (".caffemodel", ".solverstate", ".caffemodel.h5", ".solverstate.h5")
+    return sorted(
+        f for f in folder.iterdir() if f.name.startswith(start) and f.name.endswith(kinds)
+    )
+
+
+def preflight(args: argparse.Namespace, log_file: Path) -> None:
+    """Refuse to overwrite an earlier run's snapshots or log unless resuming or forced."""
+    from caffe2jax.runtime.train.setup import check_solver, read_solver_param
+
+    param, folder = read_solver_param(args.solver)
+    if args.iterations is not None:
+        param.max_iter = args.iterations
+    check_solver(param, args.solver)
+    check_train_net_fits(param, folder)
+    if args.force or args.snapshot:
+        return
+    earlier = _snapshot_files(param.snapshot_prefix)
+    if earlier:
+        raise CaffeError(
+            f"{args.solver}: snapshots of an earlier run exist ({earlier[-1]}, {len(earlier)} "
+            "file(s)); resume with --snapshot FILE.solverstate or pass --force to overwrite"
+        )
+    if log_file.exists():
+        raise CaffeError(f"{log_file} exists (an earlier run's log); pass --force or --log FILE")
+
+
+def check_train_net_fits(param, folder: Path) -> None:
+    """The size check before anything is compiled or prefetched: the train net's blobs (as
+    shaped by its data sources, read without prefetching) must fit the device."""
+    from caffe2jax.cli.summary import source_shapes
+    from caffe2jax.frontend import caffe_pb2
+    from caffe2jax.frontend.pipeline import load_net
+    from caffe2jax.lowering.model import Model
+    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.train.setup import net_sources, net_state
+
+    train, _ = net_sources(param, folder)
+    extra = param.train_state if param.HasField("train_state") else None
+    net = load_net(train, "TRAIN", state=net_state(caffe_pb2.TRAIN, train, extra))
+    shapes, _ = source_shapes(net, folder)
+    try:
+        model = Model(net, shapes)
+    except CaffeError:
+        return  # the Solver reports it, with its own context
+    check_net_fits(model.net, itemsize=8, params=model.graph.decls)
+
+
+def install_signals(solver, sigint: str, sighup: str) -> dict[int, object]:
+    """Caffe's SignalHandler: SIGINT/SIGHUP request a stop or a snapshot, acted on between
+    iterations; with an effect other than none, a second SIGINT exits at once (status 130).
+    Returns the previous handlers."""
+    seen = {"sigint": 0}
+
+    def act(effect: str) -> None:  # no logging here: a handler may run inside a log call
+        if effect == "stop":
+            solver.request_stop()
+        elif effect == "snapshot":
+            solver.request_snapshot()
+
+    def on_sigint(signum, frame) -> None:
+        if sigint == "none":
+            return
+        seen["sigint"] += 1
+        previous.pop(signal.SIGINT, None)  # keep this handler to the end: a second ^C exits
+        if seen["sigint"] > 1:
+            sys.stderr.write("caffe2jax train: interrupted again; exiting now\n")
+            sys.stderr.flush()
+            os._exit(130)
+        sys.stderr.write(
+            f"caffe2jax train: {sigint} after this iteration (Ctrl-C again: exit now)\n"
+        )
+        sys.stderr.flush()
+        act(sigint)
+
+    def on_sighup(signum, frame) -> None:
+        if sighup != "none":
+            act(sighup)
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_sighup)
+    return previous
+
+
+def _progress_handler(bar: logs.ProgressBar) -> logging.Handler:
+    """Shows test results and the end of training above the bar; the rest goes to the file."""
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "Test net output" in message or "Optimization Done" in message:
+                bar.stream.write("\r" + message.strip().ljust(80) + "\n")
+                bar.status = message.strip().split(": ", 1)[-1][:40]
+            elif ", loss = " in message:
+                bar.status = "loss " + message.rsplit("= ", 1)[-1]
+
+    return Handler()
+
+
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("caffe2jax.worker")
+    logger.setLevel(logging.WARNING)
+    return logger
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except SolverError as err:
+        text = str(err)
+        raise SolverError(text if args.solver in text else f"{args.solver}: {text}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from caffe2jax.lowering.model import default_precision
+    from caffe2jax.runtime.parallel.devices import is_primary, select
+    from caffe2jax.runtime.train.loop import SolverLoop
+
+    gpu = _join_processes(args)
+    log_file = Path(args.log) if args.log else Path(Path(args.solver).stem + ".log")
+    if args.iterations is not None and args.iterations < 0:
+        raise CaffeError(f"--iterations must be >= 0, got {args.iterations}")
+    if gpu is not None:  # bad ids fail before anything is written
+        select(gpu)
+    if is_primary():
+        preflight(args, log_file)
+    use_bar = is_primary() and (
+        args.progress == "bar" or (args.progress == "auto" and logs.is_terminal())
+    )
+    # Caffe's root solver logs; other processes keep quiet (their warnings still show)
+    logger = (logs.setup(log_file, console=not use_bar, append=bool(args.snapshot))
+              if is_primary() else _quiet_logger())  # fmt: skip
+    with default_precision(args.precision):  # nets the loop compiles compute in it
+        solver = SolverLoop(args.solver, logger=logger, devices=gpu)
+    if args.iterations is not None:
+        solver.param.max_iter = args.iterations
+    if args.weights:
+        for path in args.weights.split(","):
+            logger.info(f"Finetuning from {path}")
+            solver.copy_trained_layers(path)
+    bar = None
+    if use_bar:
+        bar = logs.ProgressBar(solver.param.max_iter)
+        logger.addHandler(_progress_handler(bar))
+        solver.on_iteration = bar.update
+    previous = install_signals(solver, args.sigint_effect, args.sighup_effect)
+    try:
+        solver.solve(args.snapshot)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        solver.close()
+        if bar is not None:
+            bar.close()
+    if solver.stopped:
+        print(f"Stopped at iteration {solver.iter}; snapshot written. Log: {log_file}")
+    elif use_bar:
+        print(f"Done: {solver.iter} iterations. Log: {log_file}")
+    return 0

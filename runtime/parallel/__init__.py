@@ -1,0 +1,2 @@
+"""Devices and meshes (Caffe's ``-gpu``), data-parallel training, multi-host set-up, and
+whether a net fits in memory."""

@@ -1,0 +1,470 @@
+"""Caffe's Solver (Init, Step, Solve, Test, Snapshot, Restore) over a :class:`TrainState`.
+
+This is the one training loop: the CLI drives it directly and pycaffe's ``Solver`` is a view
+over it. It reproduces Solver::Step (a test pass at ``test_interval``, iter_size passes and one
+update per iteration as one compiled program, the smoothed loss, display lines, snapshots),
+Solver::Solve (snapshot after training, a last display and test), Caffe's log line shapes,
+and Caffe's signal actions (stop / snapshot, checked between iterations).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.errors import SolverError
+from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.python_class import settle, user_errors
+from caffe2jax.lowering.registry import NetState, carry_of
+from caffe2jax.runtime.data.feeding import Feeder, Sinks
+from caffe2jax.runtime.formats.atomic import atomic_write, remove_stale_temps
+from caffe2jax.runtime.formats.solverstate import (
+    SolverStateFile,
+    read_solverstate,
+    snapshot_name,
+    write_solverstate,
+)
+from caffe2jax.runtime.parallel import data_parallel
+from caffe2jax.runtime.parallel.devices import is_primary, make_mesh
+from caffe2jax.runtime.train import solvers
+from caffe2jax.runtime.train.setup import SOLVER_RULES, net_sources, net_state, read_solver_param
+from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
+from caffe2jax.runtime.train.step import Trainer, learnable_order, merge
+
+log = logging.getLogger("caffe2jax")
+
+
+def resume_path(solverstate: Path) -> Path:
+    """The sidecar of a snapshot (``X.solverstate`` → ``X.solverstate.resume.json``): JSON
+    beside the solverstate rather than an extension field inside it, so the solverstate stays
+    byte-for-byte what Caffe writes and reads, and the record can be read by eye."""
+    return solverstate.with_name(solverstate.name + ".resume.json")
+
+
+@dataclass
+class CompiledNet:
+    """A net ready to run: its compiled model, the data layers feeding it, its HDF5Output
+    sinks, and its PRNG key for forwards outside training."""
+
+    model: Model
+    feeder: Feeder
+    sinks: Sinks
+    key: jax.Array
+
+    @classmethod
+    def build(cls, source: Any, phase: str, *, state: Any = None, base_dir: Path,
+              seed: int, dtype: Any = np.float32) -> CompiledNet:  # fmt: skip
+        net = load_net(source, phase, 0, (), state=state)
+        feeder = Feeder(net, base_dir, seed=seed)
+        return cls(Model(net, feeder.input_shapes(), dtype), feeder, Sinks(net),
+                   jax.random.key(seed))  # fmt: skip
+
+    def close(self) -> None:
+        self.feeder.close()
+        self.sinks.close()
+
+
+def shared_layers(train: Model, test: Model) -> list[tuple[str, int]]:
+    """Net::ShareTrainedLayersWith: the (layer, blob) slots a test net takes from the train
+    net, by layer name; a shape mismatch is Caffe's fatal error."""
+    out = []
+    for name, j, decl in test.graph._owned():
+        theirs = train.graph.decls.get(name)
+        if theirs is None or j >= len(theirs) or (name, j) in train.graph.shared:
+            continue
+        if tuple(theirs[j].shape) != tuple(decl.shape):
+            raise SolverError(
+                f"cannot share layer '{name}' blob {j} with the test net: train shape "
+                f"{list(theirs[j].shape)}, test {list(decl.shape)}"
+            )
+        out.append((name, j))
+    return out
+
+
+class SolverLoop:
+    """A Caffe solver over a train net and its test nets, driving a :class:`TrainState`."""
+
+    def __init__(self, source: Any, *, logger: logging.Logger | None = None,
+                 devices: str | int | Sequence[int] | None = None):  # fmt: skip
+        """``devices`` (Caffe's ``-gpu``: ``"all"``, ``"0,1"``, ids) trains data-parallel on
+        a mesh of them, each running the net's batch_size; ``None``: the default device."""
+        self.mesh = make_mesh(devices) if devices is not None else None
+        self.param, self.folder = read_solver_param(source)
+        self.log = logger or log
+        if self.param.type not in SOLVER_RULES:
+            raise SolverError(
+                f"unknown solver type '{self.param.type}'; known: {', '.join(SOLVER_RULES)}"
+            )
+        p = self.param
+        self.seed = int(p.random_seed if p.random_seed >= 0 else time.time_ns() % 2**31)
+        train, tests = net_sources(p, self.folder)
+        train_state = p.train_state if p.HasField("train_state") else None
+        self.train = CompiledNet.build(
+            train, ir.TRAIN, state=net_state(caffe_pb2.TRAIN, train, train_state),
+            base_dir=self.folder, seed=self.seed)  # fmt: skip
+        self.tests = [
+            CompiledNet.build(net, ir.TEST, base_dir=self.folder, seed=self.seed,
+                              state=net_state(caffe_pb2.TEST, net,
+                                              p.test_state[i] if p.test_state else None))
+            for i, net in enumerate(tests)
+        ]  # fmt: skip
+        self.shares = [shared_layers(self.train.model, t.model) for t in self.tests]
+        for layer in self.train.model.net.layers:
+            if layer.type == "HDF5Output":
+                self.log.warning(
+                    f"HDF5Output layer '{layer.name}' in the train net is not written during "
+                    "the compiled train steps (test nets and Net.forward write it)"
+                )
+        if self.mesh is not None:
+            data_parallel.check_loop(self)
+        params, state = self.train.model.init(jax.random.key(self.seed))
+        try:
+            self.trainer = Trainer(self.train.model, p, params, state, self.mesh)
+        except ValueError as err:
+            raise SolverError(str(err)) from None
+        self.ts = TrainState(params, state, self.trainer.init(params, state),
+                             jax.random.key(self.seed))  # fmt: skip
+        self.test_states = [t.model.init(jax.random.key(self.seed))[1] for t in self.tests]
+        self.last_pass: Pass | None = None
+        self.last_outputs: dict[str, Any] = {}
+        self.last_test_env: list[dict | None] = [None] * len(self.tests)
+        self.tests_run = 0
+        self.window = LossWindow(p.average_loss)
+        self._pending: list[tuple[int, Any]] = []
+        self.stopped = False
+        self._snapshot_requested = False
+        self.on_iteration: Callable[[int], None] | None = None
+        self.on_start: list[Callable[[], None]] = []
+        self.on_gradients_ready: list[Callable[[], None]] = []
+        self._test_forward = [
+            jax.jit(self._forward_fn(t.model)) if self.mesh is None
+            else data_parallel.test_forward(t.model, self.mesh)
+            for t in self.tests
+        ]  # fmt: skip
+        if p.snapshot_prefix:  # temp files an interrupted snapshot left behind
+            prefix = Path(p.snapshot_prefix)
+            remove_stale_temps(prefix.parent if str(prefix.parent) else Path("."), prefix.name)
+
+    # -- requests from signal handlers ----------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Finish the current iteration, then stop (Caffe's SolverAction STOP)."""
+        self.stopped = True
+
+    def request_snapshot(self) -> None:
+        """Snapshot after the current iteration and go on (Caffe's SolverAction SNAPSHOT)."""
+        self._snapshot_requested = True
+
+    # -- training ---------------------------------------------------------------------------
+
+    @property
+    def iter(self) -> int:
+        return self.ts.iteration
+
+    def set_iter(self, value: int) -> None:
+        self.ts = self.ts.replace(iteration=int(value))
+
+    @property
+    def smoothed_loss(self) -> float:
+        self._flush_losses()
+        return self.window.smoothed
+
+    def _passes(self, fill: Callable[[dict], dict] | None) -> list[dict[str, Any]]:
+        """The inputs of each of the iter_size forwards: data layers advance per forward;
+        ``fill`` supplies Input blobs (pycaffe: what the script put in ``net.blobs``)."""
+        out = []
+        for _ in range(self.trainer.iter_size):
+            if self.mesh is None:
+                fed = self.train.feeder.next_batches()
+                out.append(fill(fed) if fill is not None else fed)
+                continue
+            # Caffe's solvers each read their own batch_size: one batch per device
+            plan = data_parallel.plan_of(self.mesh.size, self.mesh)
+            fed = data_parallel.read_round(self.train.feeder, plan, 0, self.mesh.size, self.mesh)
+            fed = [fill(f) if fill is not None else f for f in fed]
+            out.append(data_parallel.assemble(fed, self.mesh))
+        return out
+
+    def _flush_losses(self) -> None:
+        for iteration, loss in self._pending:
+            self.window.add(float(loss), iteration)
+        self._pending = []
+
+    @user_errors()
+    def step(self, iters: int, fill: Callable[[dict], dict] | None = None) -> None:
+        """Caffe's Solver::Step: ``iters`` iterations (tests, display and snapshots included);
+        a stop request ends it after the current iteration."""
+        p = self.param
+        self.window = LossWindow(p.average_loss, self.iter)
+        self._pending = []
+        stop = self.iter + iters
+        timer, last_iter = time.perf_counter(), self.iter
+        while self.iter < stop and not self.stopped:
+            if (
+                p.test_interval
+                and self.iter % p.test_interval == 0
+                and (self.iter > 0 or p.test_initialization)
+            ):
+                self.test_all()
+            iteration = self.iter
+            for callback in self.on_start:
+                callback()
+            display = p.display and iteration % p.display == 0
+            if display:
+                lr = float(solvers.current_lr(p, self.ts.opt_state))
+            self.ts, loss, self.last_outputs, self.last_pass = train_step(
+                self.trainer, self.ts, self._passes(fill)
+            )
+            settle(self.train.model.net, (loss, self.ts.params))
+            for callback in self.on_gradients_ready:
+                callback()
+            self._pending.append((iteration, loss))
+            if display:
+                self._flush_losses()
+                lapse = time.perf_counter() - timer
+                rate = (iteration - last_iter) / (lapse or 1)
+                self.log.info(
+                    f"Iteration {iteration} ({rate:.6g} iter/s, {lapse:.6g}s/{p.display} "
+                    f"iters), loss = {self.window.smoothed:.6g}"
+                )
+                self.log_outputs("Train", self.train.model, self.last_outputs)
+                self.log.info(f"Iteration {iteration}, lr = {lr:.6g}")
+                timer, last_iter = time.perf_counter(), iteration
+            if self.on_iteration is not None:
+                self.on_iteration(self.iter)
+            if (p.snapshot and self.iter % p.snapshot == 0) or self._snapshot_requested:
+                self._snapshot_requested = False
+                self.snapshot()
+        # the losses are folded into the smoothed loss when it is read: waiting for them here
+        # would stall a step(1) loop on every call
+
+    def solve(self, resume_file: str | os.PathLike | None = None) -> None:
+        """Caffe's Solver::Solve: optionally restore, train to max_iter, snapshot, last test."""
+        p = self.param
+        self.log.info(f"Solving {self.train.model.net.name}")
+        self.log.info(f"Learning Rate Policy: {p.lr_policy}")
+        if resume_file is not None:
+            self.log.info(f"Restoring previous solver status from {resume_file}")
+            self.restore(resume_file)
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self.stopped:
+            self.log.info("Optimization stopped early.")
+            return
+        if p.display and self.iter % p.display == 0:
+            loss = self._final_loss()
+            self.window.add(loss, self.iter)
+            self.log.info(f"Iteration {self.iter}, loss = {self.window.smoothed:.6g}")
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self.log.info("Optimization Done.")
+
+    @user_errors()
+    def _final_loss(self) -> float:
+        """Solve's extra forward after the last update (its loss is displayed)."""
+        model = self.train.model
+        self.train.key, rng = jax.random.split(self.train.key)
+        if self.mesh is not None:
+            # the root solver's forward on its own batch (device 0)
+            forward = data_parallel.test_forward(model, self.mesh)
+            params, state = self.trainer.place(self.ts.params, self.ts.state)
+            keys = data_parallel.shard_keys([rng] * self.mesh.size, self.mesh)
+            _, (_, objective), state = forward(params, state,
+                                               self._passes(None)[0], keys)  # fmt: skip
+            self.ts = self.ts.replace(state=state)
+            return float(np.asarray(objective)[0])
+        blobs, state = model.apply(self.ts.params, self.ts.state, self._passes(None)[0], rng)
+        self.ts = self.ts.replace(state=state)
+        return float(model.graph.objective(blobs))
+
+    # -- testing ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _forward_fn(model: Model) -> Callable:
+        def forward(params, state, inputs, rng):
+            return model.apply(params, state, inputs, rng)
+
+        return forward
+
+    def test_params(self, index: int) -> tuple[dict, dict]:
+        """The test net's params and state with the train net's shared in (by layer name)."""
+        params, state = {}, {}
+        mine = self.test_states[index]
+        test = self.tests[index].model
+        shared = set(self.shares[index])
+        merged = merge(self.ts.params, self.ts.state)
+        for name, j, decl in test.graph._owned():
+            tree = state if decl.state else params
+            blobs = tree.setdefault(name, [None] * len(test.graph.decls[name]))
+            blobs[j] = merged[name][j] if (name, j) in shared else mine[name][j]
+        state = NetState(state, carry_of(mine))
+        return params, state
+
+    def test_all(self) -> list[dict[str, float]]:
+        return [self.test(i) for i in range(len(self.tests))]
+
+    @user_errors()
+    def test(self, index: int) -> dict[str, float]:
+        """Caffe's Solver::Test: mean of each output over test_iter forwards."""
+        self.log.info(f"Iteration {self.iter}, Testing net (#{index})")
+        net = self.tests[index]
+        graph = net.model.graph
+        iters = self.param.test_iter[index]
+        params, state = self.test_params(index)
+        if self.mesh is not None:
+            return data_parallel.test_on_mesh(self, index, params, state)
+        sums: dict[str, Any] = {}
+        loss = 0.0
+        blobs = None
+        for _ in range(iters):
+            net.key, rng = jax.random.split(net.key)
+            blobs, state = self._test_forward[index](params, state, net.feeder.next_batches(), rng)
+            net.sinks.write(blobs)
+            if self.param.test_compute_loss:
+                loss += float(graph.objective(blobs))
+            for name in net.model.outputs:
+                value = np.asarray(blobs[name], np.float64)
+                sums[name] = sums.get(name, 0) + value
+        self.test_states[index] = NetState(self.test_states[index], carry_of(state))
+        self.last_test_env[index] = blobs
+        self.tests_run += 1
+        if self.param.test_compute_loss:
+            self.log.info(f"Test loss: {loss / iters:.6g}")
+        return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
+
+    def log_outputs(self, which: str, model: Model, outputs: dict[str, Any]) -> dict[str, float]:
+        """Caffe's ``Train/Test net output #k: name = v (* w = w·v loss)`` lines."""
+        net = model.net
+        weights = {user: weight for layer in net.layers
+                   for user, weight in zip(layer.top_names, layer.loss_weights)}  # fmt: skip
+        scores, index = {}, 0
+        for name in net.outputs:
+            weight = weights.get(name, 0.0)
+            for value in np.atleast_1d(np.asarray(outputs[name], np.float64)).ravel():
+                extra = f" (* {weight:g} = {weight * value:.6g} loss)" if weight else ""
+                self.log.info(f"    {which} net output #{index}: {name} = {value:.6g}{extra}")
+                scores[name] = float(value)
+                index += 1
+        return scores
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[Path, Path]:
+        """Caffe's Snapshot: weights then solver state, each written atomically."""
+        from caffe2jax.runtime.formats.weights import save_weights
+
+        p = self.param
+        if not is_primary():  # one process writes (its params equal every other's)
+            return None
+        if not p.snapshot_prefix:
+            raise SolverError("snapshot_prefix is not set; cannot write a snapshot")
+        hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
+        weights = Path(snapshot_name(p.snapshot_prefix, self.iter, hdf5, "caffemodel"))
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        kind = "HDF5 file" if hdf5 else "binary proto file"
+        self.log.info(f"Snapshotting to {kind} {weights}")
+        model = self.train.model
+        save_weights(weights, model, self.ts.params, self.ts.state,
+                     format="hdf5" if hdf5 else "binary")  # fmt: skip
+        history = solvers.history_blobs(self.ts.opt_state, learnable_order(model))
+        inner = solvers.solver_state(self.ts.opt_state)
+        state_path = Path(snapshot_name(p.snapshot_prefix, self.iter, hdf5, "solverstate"))
+        atomic_write(resume_path(state_path), json.dumps(self._resume_record()))
+        self.log.info(f"Snapshotting solver state to {kind} {state_path}")
+        write_solverstate(
+            state_path,
+            SolverStateFile(self.iter, str(weights), int(inner.current_step), history),
+            hdf5,
+        )
+        return weights, state_path
+
+    def restore(self, path: str | os.PathLike) -> None:
+        """Caffe's Restore: iter, current_step and history; the weights from ``learned_net``."""
+        from caffe2jax.runtime.formats.weights import load_weights
+
+        path = Path(path)
+        saved = read_solverstate(path)
+        params, state = self.ts.params, self.ts.state
+        model = self.train.model
+        if saved.learned_net:
+            # Caffe writes the weights beside the state (same prefix) and records the path it
+            # used, relative to its working directory then: look beside the state first.
+            beside = path.parent / Path(saved.learned_net).name
+            weights = beside if beside.exists() else Path(saved.learned_net)
+            if not weights.exists():
+                raise SolverError(
+                    f"{path}: its weights file '{saved.learned_net}' was found neither beside "
+                    "it nor relative to the working directory"
+                )
+            params, state = load_weights(weights, model, params, state)
+        try:
+            opt_state = self.trainer.own_buffers(solvers.state_from_history(
+                self.param, merge(params, state), saved.history, learnable_order(model),
+                saved.iter, saved.current_step,
+            ))  # fmt: skip
+        except ValueError as err:
+            raise SolverError(f"{path}: {err}") from None
+        self.ts = self.ts.replace(params=params, state=state, opt_state=opt_state,
+                                  iteration=saved.iter)  # fmt: skip
+        self._resume_from(path, saved.iter)
+
+    def _resume_record(self) -> dict:
+        """What Caffe's solverstate leaves out and an exact resume needs: the run's seed (the
+        PRNG key of every step derives from it and the iteration) and where each data layer
+        of the train and test nets stands."""
+        return {
+            "caffe2jax_resume": 1,
+            "iter": self.iter,
+            "seed": self.seed,
+            "train": self.train.feeder.get_state(),
+            "tests": [net.feeder.get_state() for net in self.tests],
+            "test_keys": [np.asarray(jax.random.key_data(n.key)).tolist() for n in self.tests],
+        }
+
+    def _resume_from(self, solverstate: Path, iteration: int) -> None:
+        """Apply the sidecar beside ``solverstate`` when there is one for this iteration (a
+        snapshot from BVLC Caffe has none: its data layers start over, as in Caffe)."""
+        sidecar = resume_path(solverstate)
+        if not sidecar.exists():
+            self.log.info(f"{solverstate}: no {sidecar.name}; data layers start from the top")
+            return
+        try:
+            saved = json.loads(sidecar.read_text())
+            if saved.get("iter") != iteration:
+                raise ValueError(f"it is for iteration {saved.get('iter')}, not {iteration}")
+            self.seed = int(saved["seed"])
+            self.ts = self.ts.replace(key=jax.random.key(self.seed))
+            self.train.feeder.set_state(saved["train"])
+            for net, state, key in zip(self.tests, saved["tests"], saved["test_keys"]):
+                net.feeder.set_state(state)
+                net.key = jax.random.wrap_key_data(np.asarray(key, np.uint32))
+        except (ValueError, KeyError, TypeError) as err:
+            raise SolverError(f"{sidecar}: not a usable resume record ({err})") from None
+
+    def copy_trained_layers(self, path: str | os.PathLike) -> None:
+        """Caffe's CopyLayers into the train net (test nets share its layers)."""
+        from caffe2jax.runtime.formats.weights import load_weights
+
+        params, state = load_weights(path, self.train.model, self.ts.params, self.ts.state)
+        self.ts = self.ts.replace(params=params, state=state)
+        for i, net in enumerate(self.tests):
+            tp, ts = self.test_params(i)
+            self.test_states[i] = {**self.test_states[i],
+                                   **load_weights(path, net.model, tp, ts)[1]}  # fmt: skip
+
+    def close(self) -> None:
+        """Stop every net's data prefetching and close its files."""
+        for net in [self.train, *self.tests]:
+            net.close()

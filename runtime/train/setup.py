@@ -1,0 +1,105 @@
+"""How Caffe's Solver finds its nets: the solver file, its train and test net definitions,
+and their NetStates (Solver::InitTrainNet / InitTestNets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import CaffeError, SolverError
+from caffe2jax.frontend.parse import read_message, read_net
+from caffe2jax.frontend.upgrade import upgrade_solver
+from caffe2jax.runtime.train.rules import SOLVER_RULES, SOLVER_TYPES  # noqa: F401
+
+
+def read_solver_param(source: Any) -> tuple[caffe_pb2.SolverParameter, Path]:
+    """(upgraded SolverParameter, folder its relative paths may be relative to)."""
+    if isinstance(source, caffe_pb2.SolverParameter):
+        return upgrade_solver(source), Path(".")
+    name = "<string>" if isinstance(source, str) and "\n" in source else str(source)
+    param = read_message(source, caffe_pb2.SolverParameter)
+    try:
+        param = upgrade_solver(param, name)
+    except CaffeError as err:
+        raise SolverError(str(err)) from None
+    folder = Path(source).parent if name != "<string>" else Path(".")
+    return param, folder
+
+
+def resolve(path: str, folder: Path) -> Path:
+    """A path from a solver file: as given (Caffe: relative to the working directory), else
+    relative to the solver file's folder."""
+    given = Path(path)
+    try:
+        if given.exists() or given.is_absolute():
+            return given
+    except OSError as err:  # a name too long for the file system, say
+        raise SolverError(f"net file '{path[:60]}': {err.strerror}") from None
+    return folder / given
+
+
+def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, list[Any]]:
+    """Caffe's InitTrainNet / InitTestNets choice of net definitions."""
+    train_fields = [f for f in ("net", "net_param", "train_net", "train_net_param")
+                    if param.HasField(f)]  # fmt: skip
+    if len(train_fields) != 1:
+        raise SolverError(
+            "the solver must specify exactly one train net with one of net, net_param, "
+            f"train_net, train_net_param (found {len(train_fields) or 'none'})"
+        )
+
+    def load(field: str, value: Any) -> caffe_pb2.NetParameter:
+        if field.endswith("_param"):
+            return value
+        path = resolve(value, folder)
+        try:
+            found = path.exists()
+        except OSError as err:
+            raise SolverError(f"{field}: net file '{value[:60]}': {err.strerror}") from None
+        if not found:
+            raise SolverError(f"{field}: net file '{value[:60]}' not found")
+        return read_net(path)
+
+    field = train_fields[0]
+    train = load(field, getattr(param, field))
+    tests = [load("test_net_param", p) for p in param.test_net_param]
+    tests += [load("test_net", p) for p in param.test_net]
+    generic = "net_param" if param.HasField("net_param") else "net" if param.HasField("net") else ""
+    if generic:
+        if len(param.test_iter) < len(tests):
+            raise SolverError("test_iter must be specified for each test network")
+        tests += [train] * (len(param.test_iter) - len(tests))
+    elif len(param.test_iter) != len(tests):
+        raise SolverError("test_iter must be specified for each test network")
+    if param.test_state and len(param.test_state) != len(tests):
+        raise SolverError("test_state must be unspecified or specified once per test net")
+    if tests and param.test_interval <= 0:
+        raise SolverError("test nets need test_interval > 0")
+    return train, tests
+
+
+def net_state(phase: int, net: caffe_pb2.NetParameter, extra: caffe_pb2.NetState | None):
+    """NetState precedence: the phase, then the net's own state, then the solver's."""
+    state = caffe_pb2.NetState(phase=phase)
+    state.MergeFrom(net.state)
+    if extra is not None:
+        state.MergeFrom(extra)
+    return state
+
+
+def check_solver(param: caffe_pb2.SolverParameter, name: str) -> None:
+    """The solver checks that need no net (type, hyper-parameters, lr policy), as one
+    SolverError naming the solver file ``name``: run before any net is built."""
+    from caffe2jax.runtime.train.lr_policy import check_policy
+    from caffe2jax.runtime.train.rules import check_rule_params
+    from caffe2jax.runtime.train.solvers import check_solver_param
+
+    if param.type not in SOLVER_TYPES:
+        known = ", ".join(SOLVER_TYPES)
+        raise SolverError(f"{name}: unknown solver type '{param.type}'; known: {known}")
+    for check in (check_solver_param, check_rule_params, check_policy):
+        try:
+            check(param)
+        except ValueError as err:
+            raise SolverError(f"{name}: {err}") from None
