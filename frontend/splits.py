@@ -56,8 +56,9 @@ def _explicit_loss(layer: ir.Layer) -> list[float]:
     return list(layer.param.loss_weight) if layer.param is not None else []
 
 
-def insert_splits(net: ir.Net) -> tuple[CaffeLayer, ...]:
-    """Caffe's InsertSplits over ``net`` (see the module docstring)."""
+def _readers(net: ir.Net) -> dict[str, int]:
+    """How many times each blob version is read: by bottoms, and once more by Caffe's loss
+    when the prototxt gives its top a loss weight."""
     readers: dict[str, int] = {}
     for layer in net.layers:
         for b in layer.bottoms:
@@ -65,55 +66,69 @@ def insert_splits(net: ir.Net) -> tuple[CaffeLayer, ...]:
         for top, weight in zip(layer.tops, _explicit_loss(layer)):
             if weight:
                 readers[top] = readers.get(top, 0) + 1
-    split_of: dict[str, list[tuple[str, str]]] = {}  # version -> [(split id, split name)]
-    handed: dict[str, int] = {}
-    out: list[CaffeLayer] = []
-    for layer in net.layers:
-        bottoms, bottom_names = [], []
+    return readers
+
+
+class _Splitter:
+    """InsertSplits' bookkeeping: which split top each reader of a blob version gets."""
+
+    def __init__(self, net: ir.Net):
+        self.readers = _readers(net)
+        self.split_of: dict[str, list[tuple[str, str]]] = {}  # version -> [(id, name)]
+        self.handed: dict[str, int] = {}
+
+    def bottoms(self, layer: ir.Layer) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The layer's bottoms (SSA ids, Caffe names), each read of a split blob taking the
+        split's next top."""
+        ids, names = [], []
         for b, user in zip(layer.bottoms, layer.bottom_names):
-            if b in split_of:
-                k = handed[b]
-                handed[b] = k + 1
-                b, user = split_of[b][k]
-            bottoms.append(b)
-            bottom_names.append(user)
+            if b in self.split_of:
+                k = self.handed[b]
+                self.handed[b] = k + 1
+                b, user = self.split_of[b][k]
+            ids.append(b)
+            names.append(user)
+        return tuple(ids), tuple(names)
+
+    def splits(self, layer: ir.Layer, losses: list[float]) -> tuple[list[CaffeLayer], bool]:
+        """The Split layers after ``layer``, one per top read more than once. A top with a
+        loss weight hands its loss to the split's first top (``losses`` is updated)."""
         explicit = _explicit_loss(layer)
-        losses = list(layer.loss_weights)
-        splits = []
-        moved = False
+        out, moved = [], False
         for j, (top, user) in enumerate(zip(layer.tops, layer.top_names)):
-            count = readers.get(top, 0)
+            count = self.readers.get(top, 0)
             if count <= 1:
                 continue
             base = f"{user}_{caffe_name(layer)}_{j}_split"
-            split_of[top] = [(f"{top}{SPLIT}{k}", f"{base}_{k}") for k in range(count)]
-            handed[top] = 0
+            self.split_of[top] = [(f"{top}{SPLIT}{k}", f"{base}_{k}") for k in range(count)]
+            self.handed[top] = 0
             weight = explicit[j] if j < len(explicit) else 0.0
             if weight:  # the split's first top carries the loss; readers start at top 1
                 losses[j] = 0.0
-                handed[top] = 1
+                self.handed[top] = 1
                 moved = True
-            ids, names = zip(*split_of[top])
-            splits.append(
-                CaffeLayer(
-                    base,
-                    "Split",
-                    None,
-                    (top,),
-                    ids,
-                    (user,),
-                    names,
-                    (weight,) + (0.0,) * (count - 1),
-                )  # fmt: skip
-            )
+            ids, names = zip(*self.split_of[top])
+            weights = (weight,) + (0.0,) * (count - 1)
+            out.append(CaffeLayer(base, "Split", None, (top,), ids, (user,), names, weights))
+        return out, moved
+
+
+def insert_splits(net: ir.Net) -> tuple[CaffeLayer, ...]:
+    """Caffe's InsertSplits over ``net`` (see the module docstring)."""
+    splitter = _Splitter(net)
+    out: list[CaffeLayer] = []
+    for layer in net.layers:
+        bottoms, bottom_names = splitter.bottoms(layer)
+        losses = list(layer.loss_weights)
+        splits, moved = splitter.splits(layer, losses)
         out.append(
             CaffeLayer(
                 caffe_name(layer),
                 layer.type,
                 layer.name,
-                tuple(bottoms),
+                bottoms,
                 layer.tops,
-                tuple(bottom_names),
+                bottom_names,
                 layer.top_names,
                 tuple(losses),
                 moved,

@@ -8,6 +8,8 @@ reads one record, as Caffe's DataLayerSetUp does).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 
@@ -16,7 +18,44 @@ from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
 
 
-@register("Input", counts=(0, 0, 1, None), source=True)
+@dataclass(frozen=True)
+class DataLayer:
+    """One of Caffe's data layer types as the whole pipeline sees it: the blob counts Caffe
+    checks, who fills its tops, and the runtime class that reads (or writes) its data.
+
+    ``feed``: ``"caller"`` (Input: the user's arrays), ``"memory"`` (MemoryData's arrays given
+    to ``set_input_arrays``), ``"pipeline"`` (read from files by ``caffe2jax.runtime.data``) or
+    ``"sink"`` (HDF5Output: written after each forward). ``reader`` names the runtime class as
+    ``"module:Class"`` (resolved by the runtime, as Caffe's layer_factory names a creator);
+    ``None`` where caffe2jax has no reader for the type yet.
+    """
+
+    counts: tuple[int, int | None, int, int | None]
+    feed: str
+    reader: str | None = None
+
+
+_DATA = "caffe2jax.runtime.data."
+
+# The one table of data layers: lowering registers them from it, the feeder and the source
+# and sink factories (caffe2jax.runtime.data) dispatch on it.
+DATA_LAYERS: dict[str, DataLayer] = {
+    "Input": DataLayer((0, 0, 1, None), "caller"),
+    "MemoryData": DataLayer((0, 0, 2, 2), "memory", _DATA + "feeding:MemoryData"),
+    "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "sources:DataLayerSource"),
+    "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "sources:ImageDataSource"),
+    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
+    "WindowData": DataLayer((0, 0, 2, 2), "pipeline"),
+    "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
+}
+
+
+def data_layers(feed: str) -> tuple[str, ...]:
+    """The data layer types fed as ``feed`` says (see :class:`DataLayer`)."""
+    return tuple(name for name, kind in DATA_LAYERS.items() if kind.feed == feed)
+
+
+@register("Input", counts=DATA_LAYERS["Input"].counts, source=True)
 def input_layer(layer):
     """InputLayer: one ``shape`` for every top, or one per top."""
     shapes = [tuple(s.dim) for s in layer.param.input_param.shape]
@@ -31,7 +70,7 @@ def input_layer(layer):
     return shapes or [None] * n
 
 
-@register("MemoryData", counts=(0, 0, 2, 2), source=True)
+@register("MemoryData", counts=DATA_LAYERS["MemoryData"].counts, source=True)
 def memory_data(layer):
     """MemoryDataLayer: data (batch_size, channels, height, width) and label (batch_size,)."""
     p = layer.param.memory_data_param
@@ -42,19 +81,10 @@ def _from_source(layer):
     return [None] * len(layer.tops)
 
 
-# The data layers whose tops the runtime's data pipeline reads from files, with the blob
-# counts Caffe checks (the one table of them: the feeder and the pipeline's source factory
-# dispatch on it too).
-_PIPELINE_COUNTS = {
-    "Data": (0, 0, 1, 2),
-    "ImageData": (0, 0, 2, 2),
-    "HDF5Data": (0, 0, 1, None),
-    "WindowData": (0, 0, 2, 2),
-}
-PIPELINE_TYPES = tuple(_PIPELINE_COUNTS)
+PIPELINE_TYPES = data_layers("pipeline")
 
-for _type, _counts in _PIPELINE_COUNTS.items():
-    register(_type, counts=_counts, source=True)(_from_source)
+for _type in PIPELINE_TYPES:
+    register(_type, counts=DATA_LAYERS[_type].counts, source=True)(_from_source)
 
 
 def _dummy_shapes(layer) -> list[tuple[int, ...]]:
@@ -97,7 +127,7 @@ def dummy_data(layer, params, bottoms, ctx):
     return tops
 
 
-@register("HDF5Output", counts=(2, 2, 0, 0))
+@register("HDF5Output", counts=DATA_LAYERS["HDF5Output"].counts)
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
     bottoms to the layer's file after each forward (caffe2jax.runtime.data.feeding.Sinks)."""

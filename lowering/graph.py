@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
+from caffe2jax.frontend.backward import resolve_backward
 from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
@@ -100,7 +101,7 @@ class Graph:
         shapes = self._infer(net, dict(input_shapes or {}))
         self._resolve_sharing(net)
         net = net.with_shapes(shapes)
-        self.net = ir.resolve_backward(
+        self.net = resolve_backward(
             net,
             {name: len(d) for name, d in self.decls.items()},
             {

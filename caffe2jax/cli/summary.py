@@ -10,7 +10,7 @@ from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
-from caffe2jax.runtime.data.feeding import PIPELINE_TYPES, MemoryData
+from caffe2jax.runtime.data.feeding import open_source
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -79,18 +79,13 @@ def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
     """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
     ``({}, reason)`` when a source cannot be opened here. No prefetching starts (a huge
     declared batch is reported by the size check, never read)."""
-    from caffe2jax.runtime.data import make_source
-
     shapes: dict[str, tuple[int, ...]] = {}
     for layer in net.layers:
-        if layer.type == "MemoryData":
-            source = MemoryData(layer)
-        elif layer.type in PIPELINE_TYPES:
-            try:
-                source = make_source(layer.param, net.phase, base_dir=base_dir)
-            except DataError as err:
-                return {}, str(err)
-        else:
+        try:
+            source = open_source(layer, net.phase, base_dir)
+        except DataError as err:
+            return {}, str(err)
+        if source is None:
             continue
         try:
             shapes.update(zip(layer.top_names, source.top_shapes()))

@@ -13,7 +13,7 @@ import numpy as np
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.data import PIPELINE_TYPES
+from caffe2jax.lowering.data import DATA_LAYERS, data_layers
 
 
 class MemoryData:
@@ -73,6 +73,21 @@ class MemoryData:
             self.pos = (self.pos + batches * self.batch_size) % len(self.data)
 
 
+def open_source(
+    layer: ir.Layer, phase: str, base_dir: Path | None = None, seed: int | None = None
+) -> object | None:
+    """The host-side source of ``layer`` if the host feeds it (lowering's ``DATA_LAYERS``:
+    MemoryData, or a type the pipeline reads), else None (Input and non-data layers)."""
+    kind = DATA_LAYERS.get(layer.type)
+    if kind is None or kind.feed not in ("memory", "pipeline"):
+        return None
+    if kind.feed == "memory":
+        return MemoryData(layer)
+    from caffe2jax.runtime.data.sources import make_source
+
+    return make_source(layer.param, phase, base_dir=base_dir, seed=seed)
+
+
 class Feeder:
     """All host-fed data layers of one net: shapes for compiling, batches for each forward."""
 
@@ -80,19 +95,16 @@ class Feeder:
         self.sources: dict[str, object] = {}
         self.layers: dict[str, ir.Layer] = {}
         for layer in net.layers:
-            if layer.type == "MemoryData":
-                self.sources[layer.name] = MemoryData(layer)
-            elif layer.type in PIPELINE_TYPES:
-                from caffe2jax.runtime.data import Prefetcher, make_source, prefetch_depth
+            source = open_source(layer, net.phase, base_dir, seed)
+            if source is None:
+                continue
+            if not isinstance(source, MemoryData):
+                from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
 
-                source = make_source(layer.param, net.phase, base_dir=base_dir, seed=seed)
                 # Caffe's prefetch thread: batches are read, decoded, transformed and copied
                 # to the device while the previous step computes.
-                self.sources[layer.name] = Prefetcher(
-                    source, prefetch_depth(layer.param), to_device=True
-                )
-            else:
-                continue
+                source = Prefetcher(source, prefetch_depth(layer.param), to_device=True)
+            self.sources[layer.name] = source
             self.layers[layer.name] = layer
 
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -138,14 +150,15 @@ class Sinks:
     """HDF5Output layers: after each forward, their bottoms are appended to their files."""
 
     def __init__(self, net: ir.Net, out_dir: Path | None = None):
-        self.layers = [layer for layer in net.layers if layer.type == "HDF5Output"]
+        sinks = data_layers("sink")
+        self.layers = [layer for layer in net.layers if layer.type in sinks]
         self._sinks: dict[str, object] = {}
         self._out_dir = out_dir
 
     def write(self, blobs: dict[str, object]) -> None:
         if not self.layers:
             return
-        from caffe2jax.runtime.data import make_sink
+        from caffe2jax.runtime.data.hdf5 import make_sink
 
         for layer in self.layers:
             if layer.name not in self._sinks:

@@ -36,6 +36,7 @@ from caffe2jax.runtime.data.sources import (
     check_phase,
     make_rngs,
     positive_batch_size,
+    reader_class,
 )
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path
@@ -235,6 +236,4 @@ class HDF5OutputSink:
 def make_sink(layer: caffe_pb2.LayerParameter, *, out_dir: Path | None = None) -> HDF5OutputSink:
     """The sink of an HDF5Output layer; a relative ``file_name`` is written under ``out_dir``
     (default: the working directory, as Caffe)."""
-    if layer.type != "HDF5Output":
-        raise DataError(f"layer {layer.name!r}: {layer.type!r} is not a sink (HDF5Output)")
-    return HDF5OutputSink(layer, out_dir=out_dir)
+    return reader_class(layer, "sink")(layer, out_dir=out_dir)

@@ -24,6 +24,7 @@ re-shapes per batch, but also requires one shape within a batch).
 
 from __future__ import annotations
 
+import importlib
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -32,7 +33,7 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.data import PIPELINE_TYPES
+from caffe2jax.lowering.data import DATA_LAYERS, data_layers
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.db import Cursor, open_db
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
@@ -42,8 +43,8 @@ from caffe2jax.runtime.data.transform import PHASES, DataTransformer
 
 log = logging.getLogger(__name__)
 
-# Of the pipeline's data layer types (lowering.data.PIPELINE_TYPES), those with a source.
-SUPPORTED = tuple(t for t in PIPELINE_TYPES if t != "WindowData")
+# The pipeline's data layer types that have a reader (lowering.data.DATA_LAYERS).
+SUPPORTED = tuple(t for t in data_layers("pipeline") if DATA_LAYERS[t].reader)
 
 
 class DataSource(ABC):
@@ -392,6 +393,23 @@ def _attr(obj: object, path: str) -> object:
     return obj
 
 
+def reader_class(layer: caffe_pb2.LayerParameter, feed: str) -> type:
+    """The runtime class lowering's data-layer table (``DATA_LAYERS``) names for ``layer``,
+    which must be fed as ``feed`` (``"pipeline"``, ``"memory"`` or ``"sink"``)."""
+    kind = DATA_LAYERS.get(layer.type)
+    readable = ", ".join(t for t in data_layers(feed) if DATA_LAYERS[t].reader)
+    if kind is None or kind.feed != feed:
+        what = "a data layer" if kind is None else f"a {feed} data layer"
+        raise DataError(f"layer {layer.name!r}: {layer.type!r} is not {what} ({readable})")
+    if kind.reader is None:
+        raise DataError(
+            f"layer {layer.name!r}: {layer.type} is not supported (supported data layers: "
+            f"{readable}; HDF5Output as a sink)"
+        )
+    module, name = kind.reader.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def make_source(
     layer: caffe_pb2.LayerParameter,
     phase: str,
@@ -399,19 +417,7 @@ def make_source(
     base_dir: Path | None = None,
     seed: int | None = None,
 ) -> DataSource:
-    """The host-side source of a data layer (Data, ImageData or HDF5Data)."""
-    from caffe2jax.runtime.data.hdf5 import HDF5DataSource
-
-    kinds = {"Data": DataLayerSource, "ImageData": ImageDataSource, "HDF5Data": HDF5DataSource}
-    assert set(kinds) == set(SUPPORTED)
-    if layer.type in kinds:
-        return kinds[layer.type](layer, phase, base_dir=base_dir, seed=seed)
+    """The host-side source of a data layer the pipeline reads (Data, ImageData, HDF5Data…)."""
     if layer.type == "HDF5Output":
         raise DataError(f"layer {layer.name!r}: HDF5Output is a sink (use make_sink)")
-    supported = ", ".join(SUPPORTED)
-    if layer.type == "WindowData":
-        raise DataError(
-            f"layer {layer.name!r}: WindowData is not supported (supported data layers: "
-            f"{supported}; HDF5Output as a sink)"
-        )
-    raise DataError(f"layer {layer.name!r}: {layer.type!r} is not a data layer ({supported})")
+    return reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed)

@@ -23,10 +23,11 @@ from caffe2jax.runtime.rl import rule
 from caffe2jax.runtime.rl.gym_host import HostEnv
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import Trajectory, explore, preprocess, sample
+from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState, episode_metrics
 
 if TYPE_CHECKING:
     from caffe2jax.runtime.rl.config import RLConfig
-    from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, PolicyState
+    from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
 
 
 def open_env(config: RLConfig) -> HostEnv:
@@ -111,8 +112,6 @@ def train_batch(
     trainer: PolicyGradientTrainer, ts: PolicyState
 ) -> tuple[PolicyState, BatchMetrics]:
     """``batch_size`` Gymnasium episodes from the host, then the jitted rule and update."""
-    from caffe2jax.runtime.rl.trainer import PolicyState, episode_metrics
-
     key, k_play = jax.random.split(ts.key)
     record, lanes = _play(trainer, ts, k_play)
     length = _bucket(len(record["m"]))

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,29 +45,12 @@ from caffe2jax.runtime.rl.rollout import (
     rollout_continue,
     rollout_start,
 )
+from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState, episode_metrics
 from caffe2jax.runtime.train.setup import read_solver_param, resolve
 from caffe2jax.runtime.train.solvers import solver_iter
 from caffe2jax.runtime.train.step import Trainer, merge
 
 SOLVED_WINDOW = 100
-
-
-class PolicyState(NamedTuple):
-    """Everything a batch changes: net params/state, solver state, PRNG key, lane memory."""
-
-    params: Params
-    state: Params
-    opt_state: Any
-    key: jax.Array
-    lanes: Lanes
-
-
-class BatchMetrics(NamedTuple):
-    """One batch: each episode's return and length, and the real env steps taken."""
-
-    returns: jax.Array  # (batch_size,)
-    lengths: jax.Array  # (batch_size,) int32
-    steps: jax.Array  # () int32, the sum of lengths
 
 
 @dataclass
@@ -345,11 +328,6 @@ class PolicyGradientTrainer:
     def iterations(self, ts: PolicyState) -> int:
         """Solver updates applied so far (Caffe's ``iter``)."""
         return solver_iter(ts.opt_state)
-
-
-def episode_metrics(traj: Trajectory) -> BatchMetrics:
-    lengths = jnp.sum(traj.mask, axis=0).astype(jnp.int32)
-    return BatchMetrics(jnp.sum(traj.rewards, axis=0), lengths, jnp.sum(lengths))
 
 
 def _extend(result: RunResult, returns: np.ndarray, target: float | None) -> bool:

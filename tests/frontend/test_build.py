@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from caffe2jax.frontend import ir
+from caffe2jax.frontend.backward import resolve_backward
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import load_net
 
@@ -91,7 +92,7 @@ def test_loss_layer_without_top_gets_an_automatic_one():
 def _backward(net: ir.Net, counts: dict[str, int]) -> ir.Net:
     allow = {layer.name: (True,) * len(layer.bottoms) for layer in net.layers}
     allow["loss"] = (True, False)
-    return ir.resolve_backward(net, counts, allow)
+    return resolve_backward(net, counts, allow)
 
 
 def test_need_backward_follows_net_init():
