@@ -16,7 +16,7 @@ import numpy as np
 
 from tests.cli_runner import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DIGITS = ROOT / "examples" / "digits"
 MAX_ITER, SNAPSHOT, DISPLAY = 240, 20, 10
 KILLS = 10

@@ -18,9 +18,9 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.runtime.devices_worker import LMDB, TEST_LMDB, solver_file
+from tests.runtime.parallel.devices_worker import LMDB, TEST_LMDB, solver_file
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DIGITS = ROOT / "examples" / "digits"
 TOL = 1e-5
 

@@ -1,6 +1,6 @@
 """Sharded reading on several devices, run in a process whose JAX sees 4 CPU devices.
 
-Started by tests/runtime/test_sharded_reading.py with
+Started by tests/runtime/parallel/test_shards.py with
 XLA_FLAGS=--xla_force_host_platform_device_count=4; prints one JSON object. A process of a
 multi-host run is simulated by giving the read round the local slots of one process (1 and
 3 of 4: not contiguous, so a shift between slots would show).
@@ -29,7 +29,7 @@ from caffe2jax.runtime.data.shards import period_plan
 from caffe2jax.runtime.data.sources import plain
 from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import make_mesh
-from tests.runtime.devices_worker import LMDB, solver_file
+from tests.runtime.parallel.devices_worker import LMDB, solver_file
 
 ROUNDS, LOCAL, SEED = 3, [1, 3], 5
 TOPS = ("data", "label")

@@ -1,7 +1,7 @@
 """Each process reads only its own devices' batches (Caffe's ``DataLayer::Skip``), and the
 prefetch thread puts each device's batch on that device.
 
-The cases run in tests/runtime/shard_worker.py, in a subprocess whose JAX sees 4 forced CPU
+The cases run in tests/runtime/parallel/shard_worker.py, in a subprocess whose JAX sees 4 forced CPU
 devices; a second process of a multi-host run is simulated by its local slots (1 and 3).
 """
 
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from tests.runtime.devices_worker import LMDB
-from tests.runtime.test_devices import ROOT, env_with
+from tests.runtime.parallel.devices_worker import LMDB
+from tests.runtime.parallel.test_data_parallel import ROOT, env_with
 
 READERS = ("Data", "ImageData", "HDF5Data", "MemoryData")
 ITEMS = {"Data": 5, "ImageData": 3}  # records decoded per batch read (batch_size)
@@ -24,7 +24,7 @@ ITEMS = {"Data": 5, "ImageData": 3}  # records decoded per batch read (batch_siz
 def worker() -> dict:
     assert LMDB.exists()
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.runtime.shard_worker"],
+        [sys.executable, "-m", "tests.runtime.parallel.shard_worker"],
         capture_output=True, text=True, env=env_with(4), cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.runtime.train.loop import SolverLoop
-from tests.api.test_solver import close, load_npz, make_solver
+from tests.runtime.train.test_solver_loop import close, load_npz, make_solver
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -1,6 +1,7 @@
 """Runs data-parallel training cases in a process whose JAX sees several CPU devices.
 
-Started by tests/runtime/test_devices.py with XLA_FLAGS=--xla_force_host_platform_device_count
+Started by tests/runtime/parallel/test_data_parallel.py with
+XLA_FLAGS=--xla_force_host_platform_device_count
 set before JAX initialises; prints one JSON object: each case's largest difference.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LMDB = ROOT / "examples" / "digits" / "digits_train_lmdb"
 TEST_LMDB = ROOT / "examples" / "digits" / "digits_test_lmdb"
 

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.runtime.train import solvers
 from tests.golden import GOLDEN, load_npz, require
-from tests.runtime.test_lr_policy import SOLVER_CASES
+from tests.runtime.train.test_lr_policy import SOLVER_CASES
 
 TOL = 1e-5
 SNAPSHOT_ITER = 5
