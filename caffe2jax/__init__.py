@@ -29,6 +29,7 @@ _PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_sp
 _NAMES: dict[str, tuple[str, str | None]] = {
     "Model": ("caffe2jax.lowering.model", "Model"),
     "compile": ("caffe2jax.lowering.model", "compile"),
+    "EnginePolicy": ("caffe2jax.lowering.engines.policy", "EnginePolicy"),
     "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),

@@ -10,10 +10,11 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
+from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision, default_precision
 from caffe2jax.lowering.graph import Graph, Params
 
-__all__ = ["PRECISIONS", "Model", "compile", "default_precision"]
+__all__ = ["PRECISIONS", "EnginePolicy", "Model", "compile", "default_precision"]
 
 
 class Model:
@@ -25,8 +26,10 @@ class Model:
 
     ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
     :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
-    gradients and returned blobs stay in ``dtype``. ``channels_last`` turns the internal NHWC
-    pass on or off (default: ``lowering/layout.py``'s); blobs and params keep Caffe's layout.
+    gradients and returned blobs stay in ``dtype``. ``policy`` (an :class:`EnginePolicy`;
+    default: :meth:`EnginePolicy.from_env`, the environment switches read now) picks the engine
+    of each convolution and pooling and whether the internal NHWC pass runs; ``channels_last``
+    overrides the latter. Blobs and params keep Caffe's layout either way.
     """
 
     def __init__(
@@ -36,8 +39,9 @@ class Model:
         dtype: Any = jnp.float32,
         precision: str | Precision | None = None,
         channels_last: bool | None = None,
+        policy: EnginePolicy | None = None,
     ):
-        self.graph = Graph(net, input_shapes, dtype, precision, channels_last)
+        self.graph = Graph(net, input_shapes, dtype, precision, channels_last, policy)
 
     @property
     def net(self) -> ir.Net:
@@ -58,6 +62,10 @@ class Model:
     @property
     def precision(self) -> str:
         return self.graph.precision.name
+
+    @property
+    def policy(self) -> EnginePolicy:
+        return self.graph.policy
 
     def init(self, key: jax.Array | int = 0) -> tuple[Params, Params]:
         """Params and state drawn from each blob's Caffe filler."""
@@ -89,7 +97,7 @@ class Model:
     def reshape(self, input_shapes: Mapping[str, Sequence[int]]) -> Model:
         """The same net compiled for other input shapes (params must still fit)."""
         return Model(self.graph.net, {**self.inputs, **input_shapes}, self.dtype,
-                     self.graph.precision, self.graph.channels_last)  # fmt: skip
+                     self.graph.precision, policy=self.graph.policy)  # fmt: skip
 
 
 def compile(  # noqa: A001 - the design card's name for it
@@ -101,7 +109,9 @@ def compile(  # noqa: A001 - the design card's name for it
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dtype: Any = jnp.float32,
     precision: str | None = None,
+    policy: EnginePolicy | None = None,
 ) -> Model:
     """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages,
-    computing in ``precision`` (see :class:`Model`)."""
-    return Model(load_net(source, phase, level, stages), input_shapes, dtype, precision)
+    computing in ``precision`` with the engines ``policy`` picks (see :class:`Model`)."""
+    net = load_net(source, phase, level, stages)
+    return Model(net, input_shapes, dtype, precision, policy=policy)

@@ -97,7 +97,7 @@ def with_backward(model: Model) -> Model:
     if _has_loss(model):
         return model
     net = dataclasses.replace(model.graph.net, force_backward=True)
-    return Model(net, model.inputs, model.dtype, model.graph.precision, model.graph.channels_last)
+    return Model(net, model.inputs, model.dtype, model.graph.precision, policy=model.graph.policy)
 
 
 def _peak(programs: list[Any]) -> tuple[int, str]:
