@@ -259,6 +259,12 @@ def registered_types() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def lowering_of(type_name: str) -> Lowering:
+    """The registered lowering of Caffe type ``type_name`` (KeyError if there is none)."""
+    _load_families()
+    return _REGISTRY[type_name]
+
+
 def lookup(layer: ir.Layer) -> Lowering:
     """The lowering for ``layer``; an unknown type fails naming the layer and the known types."""
     _load_families()
