@@ -11,6 +11,10 @@ infers every top shape with ``jax.eval_shape`` (no second shape table), resolves
 Gradients are JAX's, with ``stop_gradient`` exactly where Caffe computes no diff (bottoms and
 params Net::Init marks as not needing backward), so ``jax.grad`` of the objective equals the
 diffs Caffe's Backward leaves in the params.
+
+When it is built, a Graph is also planned (lowering/planning.py) under its engine policy
+(``policy=``, lowering/engines/policy.py): which layers run channels-last (``nhwc_layers``) and
+the form of each convolution and pooling (``engines``); a run executes that plan.
 """
 
 from __future__ import annotations

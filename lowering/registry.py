@@ -16,6 +16,11 @@ shared blobs resolved). A ``stateful`` lowering returns ``(tops, new_state)`` wh
 ``new_state`` lists new values for its state blobs in order. A ``source`` lowering (Input,
 MemoryData, Data…) computes nothing: its tops are graph inputs, and its function returns the
 shapes it declares (``None`` where only the data can tell).
+
+A type may also register, in its family file, a channels-last form
+(``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py runs the pass) and an engine
+rule (``@convolution.engine``: the form the net's engine policy picks when the graph is
+planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every registered type.
 """
 
 from __future__ import annotations
