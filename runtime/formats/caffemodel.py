@@ -8,6 +8,13 @@ UpgradeNetAsNeeded): ``layer`` (LayerParameter: name 1, type 2, blobs 7), V1 ``l
 (V1LayerParameter: name 4, type enum 5, blobs 6) and V0 ``layers { layer {...} }``
 (V0LayerParameter: name 1, type 2, blobs 50).
 
+Only ``name``, ``type`` and ``blobs`` are read from a layer: the layer's parameters come from
+the prototxt, so the fields forks numbered differently (PSPNet's ``interp_param`` on BVLC's
+``input_param`` number, ...) are never decoded here. What a binary itself holds still depends
+on the fork that wrote it: V1 layer type numbers (C3D v1.0's 30-40, DeepLab v1's 39-56,
+eric612's 61) are named in the caller's dialect, and blobs are read in the dialect's layout
+(:mod:`caffe2jax.runtime.formats.blobproto`).
+
 Writing reproduces Net::ToProto(param, write_diff=false): ``name``, then every layer of the
 *initialized* net in order, each being its LayerParameter as Net::Init left it (see
 :func:`caffe_layer_params`) with ``blobs`` replaced by the layer's current blobs.
@@ -23,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.dialect import Dialect
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.formats.blobproto import (
@@ -45,18 +53,22 @@ _LAYER_BLOBS = 7
 
 @dataclass
 class SourceLayer:
-    """A layer of a weights file: its name, type and the byte range of each BlobProto."""
+    """A layer of a weights file: its name, type and the byte range of each BlobProto;
+    ``v1_type`` is the stored V1 LayerType number (None for V2 and V0 layers)."""
 
     name: str
     type: str
     blobs: list[tuple[int, int]] = field(default_factory=list)
+    v1_type: int | None = None
 
 
-def read_layers(scan: Scanner) -> tuple[str, list[SourceLayer]]:
-    """The net name and the layers of the NetParameter filling the scanned file.
+def read_layers(scan: Scanner, dialect: Dialect | None = None) -> tuple[str, list[SourceLayer]]:
+    """The net name and the layers of the NetParameter filling the scanned file, V1 type
+    numbers named as ``dialect`` (default BVLC) numbers them.
 
     A file with both ``layer`` and V1 ``layers`` is refused, as Caffe's UpgradeV1Net does.
     """
+    v1_names = (dialect or Dialect()).v1_types()
     name = ""
     current: list[SourceLayer] = []
     legacy: list[SourceLayer] = []
@@ -66,7 +78,7 @@ def read_layers(scan: Scanner) -> tuple[str, list[SourceLayer]]:
         elif top.number == NET_LAYER and top.wire == LEN:
             current.append(_layer(scan, top, _CURRENT))
         elif top.number == NET_V1_LAYERS and top.wire == LEN:
-            legacy.append(_v1_layer(scan, top))
+            legacy.append(_v1_layer(scan, top, v1_names))
         elif top.number in (NET_NAME, NET_LAYER, NET_V1_LAYERS):
             raise WireError(f"field {top.number} of NetParameter has wire type {top.wire}")
     if current and legacy:
@@ -74,7 +86,9 @@ def read_layers(scan: Scanner) -> tuple[str, list[SourceLayer]]:
     return name, current or legacy
 
 
-def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
+def _layer(
+    scan: Scanner, where: Field, numbers: dict[str, int], v1_names: dict[int, str] | None = None
+) -> SourceLayer:
     layer = SourceLayer("", "")
     for f in scan.fields(where.offset, where.offset + where.length):
         if f.number == numbers["name"] and f.wire == LEN:
@@ -82,7 +96,8 @@ def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
         elif f.number == numbers["type"] and f.wire == LEN:
             layer.type = scan.text(f)
         elif f.number == numbers["type"]:
-            layer.type = _v1_type(f.value)
+            layer.v1_type = f.value
+            layer.type = v1_type_string(f.value, v1_names or {})
         elif f.number == numbers["blobs"] and f.wire == LEN:
             layer.blobs.append((f.offset, f.offset + f.length))
         elif f.number == numbers.get("v0") and f.wire == LEN:
@@ -90,15 +105,15 @@ def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
     return layer
 
 
-def _v1_layer(scan: Scanner, where: Field) -> SourceLayer:
-    return _layer(scan, where, _V1)
+def _v1_layer(scan: Scanner, where: Field, v1_names: dict[int, str]) -> SourceLayer:
+    return _layer(scan, where, _V1, v1_names)
 
 
-def _v1_type(value: int) -> str:
-    try:
-        return V1_LAYER_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(value)]
-    except (ValueError, KeyError):
-        return f"V1 type {value}"
+def v1_type_string(value: int, v1_names: dict[int, str]) -> str:
+    """The V2 type string of V1 LayerType number ``value`` in a dialect's numbering
+    (``v1_names``: number -> enum name), or ``"V1 type N"`` when the dialect has none."""
+    name = v1_names.get(value)
+    return V1_LAYER_TYPES.get(name, f"V1 type {value}") if name else f"V1 type {value}"
 
 
 # ---------------------------------------------------------------------------------------------

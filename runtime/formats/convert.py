@@ -20,7 +20,13 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream
-from caffe2jax.runtime.formats.blobproto import Scanner, WireError, read_blob
+from caffe2jax.runtime.formats.blobproto import (
+    BVLC_LAYOUT,
+    Scanner,
+    WireError,
+    blob_layout,
+    read_blob,
+)
 from caffe2jax.runtime.formats.caffemodel import BlobBody, write_net
 from caffe2jax.runtime.formats.weights import (
     HDF5,
@@ -97,11 +103,20 @@ def _from_binary(source: Path, dest: Path, out_format: str) -> None:
                 (
                     (
                         caffe_pb2.LayerParameter(name=layer.name, type=layer.type),
-                        [BlobBody.stored(scan, start, end) for start, end in layer.blobs],
+                        [_body(scan, source, layer.name, j, r) for j, r in enumerate(layer.blobs)],
                     )
                     for layer in layers
                 ),
             )
+
+
+def _body(scan: Scanner, source: Path, layer: str, j: int, where: tuple[int, int]) -> BlobBody:
+    """A BVLC BlobProto copied byte for byte; a C3D v1.0 (5-D legacy) one rewritten in BVLC's
+    numbers (a 5-axis ``shape``), since its own numbers mean other fields in BVLC's."""
+    if blob_layout(scan, *where) == BVLC_LAYOUT:
+        return BlobBody.stored(scan, *where)
+    get = _stored_values(scan, source, layer, j, where)
+    return BlobBody.floats(get().shape, get)
 
 
 def _stored_values(scan: Scanner, source: Path, layer: str, j: int, where: tuple[int, int]):
