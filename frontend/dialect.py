@@ -29,13 +29,13 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.dialects import (
     FORKS,
     FORKS_BY_KEY,
-    PYTHON_MODULES,
     UPSAMPLE_FORKS,
     Fork,
     fork_names,
     forks_of_type,
 )
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.frontend.fork_types import PYTHON_MODULES
 
 BVLC = "bvlc"
 #: caffe.proto's own numbering (what caffe2jax writes), as a dialect.

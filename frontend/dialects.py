@@ -316,51 +316,11 @@ def _non_bvlc(attr: str, extra: Numbers) -> Mapping[str, frozenset[str]]:
 NON_BVLC_FIELDS = _non_bvlc("adds", CAFFE2JAX_HOMES)
 NON_BVLC_VALUES = _non_bvlc("enums", {})
 
-#: Python layer modules that belong to a fork's models (Caffe's python_param.module).
-PYTHON_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "rpn.proposal_layer": ("frcnn", "rfcn"),
-        "rpn.anchor_target_layer": ("frcnn", "rfcn"),
-        "rpn.proposal_target_layer": ("frcnn", "rfcn"),
-        "roi_data_layer.layer": ("frcnn", "rfcn"),
-        "spatial_dropout": ("enet",),
-    }
-)
-
 #: The forks of an Upsample layer: max-unpooling has two bottoms (values and the pooling
 #: mask), the YOLO ports' nearest-neighbour form one. Best guess first.
 UPSAMPLE_FORKS: Mapping[bool, tuple[str, ...]] = MappingProxyType(
     {True: ("segnet", "enet"), False: ("darknet2caffe", "eric612")}
 )
-
-#: Fork layer types that only training or evaluation uses (issue 26's layers).
-TRAINING_TYPES: frozenset[str] = frozenset(
-    {
-        "AnnotatedData", "MultiBoxLoss", "DetectionEvaluate", "SmoothL1Loss", "CtcLoss",
-        "LabelsequenceAccuracy", "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "SmoothL1LossOHEM",
-        "RegionLoss", "Yolov3", "GaussianYolov3", "YoloSeg", "SegmentationEvaluate", "LaneData",
-        "SegAccuracy", "MatWrite", "MatRead", "VoxelSoftmaxWithLoss", "VoxelCustomLoss",
-    }
-)  # fmt: skip
-
-#: Fields of forks caffe2jax's schema does not hold, for messages that name their owner.
-UNKNOWN_FORK_FIELDS: Mapping[str, str] = MappingProxyType(
-    {
-        "proposal_param": "OpenCV's Proposal layer (opencv-caffe.proto)",
-        "normalize_bbox_param": "OpenCV's Normalize layer (opencv-caffe.proto; caffe2jax "
-        "reads SSD's norm_param)",
-        "correlation_param": "the Correlation layer of FlowNet's Caffe (synopsys-caffe)",
-        "squeeze_convolution_param": "synopsys-caffe's SqueezeConvolution layer",
-        "squeeze_inner_product_param": "synopsys-caffe's SqueezeInnerProduct layer",
-        "yolo_v2_loss_param": "synopsys-caffe's YoloV2Loss layer",
-        "yolo_v3_loss_param": "synopsys-caffe's YoloV3Loss layer",
-        "box_output_param": "the BoxOutput layer of gdlg/panoramic-object-detection",
-        "ring_pad_param": "the RingPad layer of gdlg/panoramic-object-detection",
-        "spatial_dropout_param": "a SpatialDropout layer of another Caffe fork (ENet's is a "
-        "Python layer)",
-    }
-)
-
 
 #: The fork a type string comes from, where several forks register it (best guess first).
 TYPE_HOMES: Mapping[str, str] = MappingProxyType(

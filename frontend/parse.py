@@ -24,8 +24,9 @@ from google.protobuf import message, text_format
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.dialect import BVLC, Dialect, DialectError
 from caffe2jax.frontend.dialect_schema import decode, decode_net
-from caffe2jax.frontend.dialects import FORKS, UNKNOWN_FORK_FIELDS
+from caffe2jax.frontend.dialects import FORKS
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.fork_types import UNKNOWN_FORK_FIELDS
 
 M = TypeVar("M", bound=message.Message)
 

@@ -30,15 +30,18 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.frontend.dialect import Dialect
+from caffe2jax.frontend.dialect import Dialect, choose
+from caffe2jax.frontend.dialects import FORKS, FORKS_BY_KEY
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.formats.blobproto import (
+    C3D_V10_LAYOUT,
     LEN,
     Field,
     Scanner,
     WireError,
     blob_body_size,
+    blob_layout,
     blob_pieces,
     encode_varint,
     tag,
@@ -64,11 +67,41 @@ class SourceLayer:
 
 def read_layers(scan: Scanner, dialect: Dialect | None = None) -> tuple[str, list[SourceLayer]]:
     """The net name and the layers of the NetParameter filling the scanned file, V1 type
-    numbers named as ``dialect`` (default BVLC) numbers them.
+    numbers named as ``dialect`` numbers them (``None``: the dialect the file's own V1 numbers
+    and blobs point to, see :func:`v1_dialect`).
 
     A file with both ``layer`` and V1 ``layers`` is refused, as Caffe's UpgradeV1Net does.
     """
-    v1_names = (dialect or Dialect()).v1_types()
+    name, current, legacy = _scan_layers(scan)
+    if current and legacy:
+        raise WireError("it holds both 'layer' and V1 'layers' entries (Caffe refuses such nets)")
+    if legacy:
+        v1_names = (dialect or v1_dialect(scan, legacy)).v1_types()
+        for layer in legacy:
+            if layer.v1_type is not None:
+                layer.type = v1_type_string(layer.v1_type, v1_names)
+    return name, current or legacy
+
+
+def v1_dialect(scan: Scanner, layers: list[SourceLayer]) -> Dialect:
+    """The dialect a V1 file's own bytes point to: V1 type numbers BVLC does not have
+    (DeepLab v1's 40-56, eric612's 61), C3D v1.0's 5-D blobs; BVLC otherwise."""
+    bvlc = Dialect().v1_types()
+    features = []
+    for layer in layers:
+        if layer.v1_type is not None and layer.v1_type not in bvlc:
+            owners = tuple(
+                f
+                for f in FORKS
+                if layer.v1_type in f.enums.get("V1LayerParameter.LayerType", {}).values()
+            )
+            features.append((f"V1 layer type number {layer.v1_type}", owners))
+        if any(blob_layout(scan, *where) == C3D_V10_LAYOUT for where in layer.blobs):
+            features.append(("5-D blobs", (FORKS_BY_KEY["c3d-v1.0"],)))
+    return choose(features)
+
+
+def _scan_layers(scan: Scanner) -> tuple[str, list[SourceLayer], list[SourceLayer]]:
     name = ""
     current: list[SourceLayer] = []
     legacy: list[SourceLayer] = []
@@ -78,17 +111,13 @@ def read_layers(scan: Scanner, dialect: Dialect | None = None) -> tuple[str, lis
         elif top.number == NET_LAYER and top.wire == LEN:
             current.append(_layer(scan, top, _CURRENT))
         elif top.number == NET_V1_LAYERS and top.wire == LEN:
-            legacy.append(_v1_layer(scan, top, v1_names))
+            legacy.append(_v1_layer(scan, top))
         elif top.number in (NET_NAME, NET_LAYER, NET_V1_LAYERS):
             raise WireError(f"field {top.number} of NetParameter has wire type {top.wire}")
-    if current and legacy:
-        raise WireError("it holds both 'layer' and V1 'layers' entries (Caffe refuses such nets)")
-    return name, current or legacy
+    return name, current, legacy
 
 
-def _layer(
-    scan: Scanner, where: Field, numbers: dict[str, int], v1_names: dict[int, str] | None = None
-) -> SourceLayer:
+def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
     layer = SourceLayer("", "")
     for f in scan.fields(where.offset, where.offset + where.length):
         if f.number == numbers["name"] and f.wire == LEN:
@@ -96,8 +125,7 @@ def _layer(
         elif f.number == numbers["type"] and f.wire == LEN:
             layer.type = scan.text(f)
         elif f.number == numbers["type"]:
-            layer.v1_type = f.value
-            layer.type = v1_type_string(f.value, v1_names or {})
+            layer.v1_type = f.value  # named by read_layers, in the file's dialect
         elif f.number == numbers["blobs"] and f.wire == LEN:
             layer.blobs.append((f.offset, f.offset + f.length))
         elif f.number == numbers.get("v0") and f.wire == LEN:
@@ -105,8 +133,8 @@ def _layer(
     return layer
 
 
-def _v1_layer(scan: Scanner, where: Field, v1_names: dict[int, str]) -> SourceLayer:
-    return _layer(scan, where, _V1, v1_names)
+def _v1_layer(scan: Scanner, where: Field) -> SourceLayer:
+    return _layer(scan, where, _V1)
 
 
 def v1_type_string(value: int, v1_names: dict[int, str]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream
@@ -47,17 +48,20 @@ def convert_weights(
     model: Model | None = None,
     *,
     format: str | None = None,  # noqa: A002 - same option as save_weights
+    dialect: str | None = None,
 ) -> Path:
-    """Write ``source``'s weights to ``dest`` (format from ``format`` or ``dest``'s suffix)."""
+    """Write ``source``'s weights to ``dest`` (format from ``format`` or ``dest``'s suffix).
+    ``dialect``: the fork numbering of a binary ``source`` (default: the model's, else the one
+    its own bytes point to)."""
     source, dest = Path(source), Path(dest)
     if model is not None:
-        params, state = load_weights(source, model)
+        params, state = load_weights(source, model, dialect=dialect)
         return save_weights(dest, model, params, state, format=format)
     out_format = format_for(dest, format)
     if weights_format(source) == HDF5:
         _from_hdf5(source, dest, out_format)
     else:
-        _from_binary(source, dest, out_format)
+        _from_binary(source, dest, out_format, get(dialect) if dialect else None)
     return dest
 
 
@@ -79,8 +83,8 @@ def _from_hdf5(source: Path, dest: Path, out_format: str) -> None:
             )
 
 
-def _from_binary(source: Path, dest: Path, out_format: str) -> None:
-    with open_caffemodel(source) as (scan, name, layers):
+def _from_binary(source: Path, dest: Path, out_format: str, dialect=None) -> None:
+    with open_caffemodel(source, dialect) as (scan, name, layers):
         if out_format == HDF5:
             weights_hdf5.write_hdf5(
                 dest,
