@@ -39,6 +39,7 @@ from caffe2jax.frontend.dialects import (
     forks_of_type,
 )
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.fork_types import FORK_TYPE_PARAMS
 
 _FD = descriptor.FieldDescriptor
 
@@ -212,17 +213,25 @@ def c3d_v10_blob(payload: bytes) -> bool:
     return any(f.number == 5 and f.wire == wire.VARINT for f in wire.fields(payload))
 
 
+_STRUCTURAL = frozenset(range(1, 12)) | {100, 101}  # name, type, bottom, ..., transform, loss
+
+
 def _v2_features(payload: bytes) -> list[tuple[str, tuple[Fork, ...]]]:
+    """The forks a V2 layer points to: those registering its type whose numbering fits the
+    parameter numbers it holds, the ones that number them as their own first."""
     items = list(wire.fields(payload))
     kind = next((f.payload.decode("utf-8", "replace") for f in items if f.number == 2), "")
     bottoms = sum(f.number == 3 for f in items)
-    extra = {f.number for f in items} - _bvlc_layer_numbers()
+    present = {f.number for f in items} - _STRUCTURAL
     candidates = forks_of_type(kind)
     if kind == "Upsample":
         candidates = tuple(FORKS_BY_KEY[k] for k in UPSAMPLE_FORKS[bottoms == 2])
-    fits = tuple(f for f in candidates if extra <= _layer_numbers(f))
+    bvlc = _bvlc_layer_numbers()
+    fits = [f for f in candidates if present <= bvlc | _layer_numbers(f)]
+    fits.sort(key=lambda f: -len(present & _layer_numbers(f)))
     if candidates:
-        return [(f"layer type {kind}", fits or candidates)]
+        return [(f"layer type {kind}", tuple(fits) or candidates)]
+    extra = present - bvlc
     if extra:
         owners = tuple(f for f in FORKS if extra <= _layer_numbers(f))
         return [(f"LayerParameter field(s) {sorted(extra)} on a {kind} layer", owners)]
@@ -277,7 +286,25 @@ def decode_net(data: bytes, dialect: str | Dialect | None = None, where: str = "
     net = decode(data, "NetParameter", chosen, where)
     if not chosen.given and not chosen.has("ceil_mode") and not chosen.merged:
         _refuse_ambiguous_round_mode(net, chosen, where)
+    for layer in net.layer:
+        _check_params(layer, chosen, where)
     return net
+
+
+def _check_params(layer: caffe_pb2.LayerParameter, dialect: Dialect, where: str) -> None:
+    """A fork layer holding another layer type's parameter was decoded with the wrong fork's
+    numbers (ENet's Upsample 147 {scale} reads as R-FCN's ROIPooling 147 {pooled_h})."""
+    allowed = FORK_TYPE_PARAMS.get(layer.type)
+    if allowed is None:
+        return
+    for field, _ in layer.ListFields():
+        name = field.name
+        if name.endswith("_param") and name not in (*allowed, "transform_param", "loss_param"):
+            raise DialectError(
+                f"{where}: layer '{layer.name}' (type {layer.type}) decodes with {name} in "
+                f"dialect {dialect.key} ({dialect.name}), which a {layer.type} layer does not "
+                "read: the file was written by another fork of Caffe; pass its dialect"
+            )
 
 
 def _refuse_ambiguous_round_mode(net, chosen: Dialect, where: str) -> None:

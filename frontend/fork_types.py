@@ -78,3 +78,40 @@ def unsupported_fork_type(layer_type: str, form: str = "") -> str | None:
     if layer_type in TRAINING_TYPES:
         return f"a training layer of {home}{also}, not supported yet"
     return f"the {layer_type} layer of {home}{also}, which caffe2jax does not support yet"
+
+
+#: The parameter fields each fork layer type reads (beside transform_param and loss_param):
+#: a fork layer decoded from a binary with another parameter is the wrong fork's numbering.
+FORK_TYPE_PARAMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "AnnotatedData": ("annotated_data_param", "data_param"),
+        "MultiBoxLoss": ("multibox_loss_param",), "Permute": ("permute_param",),
+        "PriorBox": ("prior_box_param",), "DetectionOutput": ("detection_output_param",),
+        "DetectionEvaluate": ("detection_evaluate_param",), "Normalize": ("norm_param",),
+        "VideoData": ("video_data_param",), "ROIPooling": ("roi_pooling_param",),
+        "SmoothL1Loss": ("smooth_l1_loss_param",), "PSROIPooling": ("psroi_pooling_param",),
+        "BoxAnnotatorOHEM": ("box_annotator_ohem_param",),
+        "SoftmaxWithLossOHEM": ("softmax_param",), "SmoothL1LossOHEM": ("smooth_l1_loss_param",),
+        "BN": ("bn_param",), "Upsample": ("upsample_param",),
+        "DenseImageData": ("dense_image_data_param",), "Interp": ("interp_param",),
+        "ImageSegData": ("image_data_param",), "SegAccuracy": ("seg_accuracy_param",),
+        "MatWrite": ("mat_write_param",), "MatRead": ("mat_read_param",),
+        "DenseCRF": ("dense_crf_param",), "DomainTransform": ("domain_transform_param",),
+        "DomainTransformForwardOnly": ("domain_transform_param",),
+        "AdaptiveBiasChannel": ("adaptive_bias_channel_param",),
+        "BiasChannel": ("bias_channel_param",), "UniqueLabel": ("unique_label_param",),
+        "CtcLoss": ("ctc_loss_param",),
+        "ContinuationIndicator": ("continuation_indicator_param",),
+        "LabelsequenceAccuracy": ("labelsequence_accuracy_param",),
+        "Convolution3D": ("convolution3d_param",), "Pooling3D": ("pooling3d_param",),
+        "Reorg": ("reorg_param",), "ReLU6": ("relu6_param",),
+        "RegionLoss": ("region_loss_param",),
+        "YoloDetectionOutput": ("yolo_detection_output_param",),
+        "Yolov3DetectionOutput": ("yolov3_detection_output_param",),
+        "Yolov3": ("yolov3_param",), "GaussianYolov3": ("yolov3_param",),
+        "YoloSeg": ("yolo_seg_param",), "SegmentationEvaluate": ("segmentation_evaluate_param",),
+        "Mish": ("mish_param",), "ShuffleChannel": ("shuffle_channel_param",),
+        "DepthwiseConvolution": ("convolution_param",),
+        "ConvolutionDepthwise": ("convolution_param",), "Axpy": (),
+    }
+)  # fmt: skip

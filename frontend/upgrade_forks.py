@@ -57,7 +57,7 @@ def needs_fork_upgrade(net: caffe_pb2.NetParameter) -> bool:
 def upgrade_fork_layers(net: caffe_pb2.NetParameter, source: str = "", text: str = "") -> None:
     """The forks' deprecated forms of V2 layers, upgraded in place (see the module doc)."""
     for layer in net.layer:
-        where = _where(source, text, layer.name)
+        where = _Where(source, text, layer.name)
         if layer.pooling_param.HasField("ceil_mode"):
             _ceil_mode(layer, where)
         if _has_hole(layer.convolution_param):
@@ -73,15 +73,22 @@ def upgrade_fork_layers(net: caffe_pb2.NetParameter, source: str = "", text: str
                 layer.upsample_param.scale = 1
 
 
-def _where(source: str, text: str, name: str) -> str:
-    match = re.search(r'\bname\s*:\s*"' + re.escape(name) + '"', text) if text else None
-    line = text.count("\n", 0, match.start()) + 1 if match else 0
-    if source and line:
-        return f"{source}:{line}: "
-    return f"{source}: " if source else ""
+class _Where:
+    """``"file:line: "`` of a layer, found in the text only when an error needs it."""
+
+    def __init__(self, source: str, text: str, name: str):
+        self.source, self.text, self.name = source, text, name
+
+    def __str__(self) -> str:
+        pattern = r'\bname\s*:\s*"' + re.escape(self.name) + '"'
+        match = re.search(pattern, self.text) if self.text else None
+        line = self.text.count("\n", 0, match.start()) + 1 if match else 0
+        if self.source and line:
+            return f"{self.source}:{line}: "
+        return f"{self.source}: " if self.source else ""
 
 
-def _ceil_mode(layer: caffe_pb2.LayerParameter, where: str) -> None:
+def _ceil_mode(layer: caffe_pb2.LayerParameter, where: _Where) -> None:
     p = layer.pooling_param
     wanted = Pool.CEIL if p.ceil_mode else Pool.FLOOR
     if p.HasField("round_mode") and p.round_mode != wanted:
@@ -98,7 +105,7 @@ def _has_hole(p: caffe_pb2.ConvolutionParameter) -> bool:
     return p.HasField("hole") or p.HasField("hole_h") or p.HasField("hole_w")
 
 
-def _hole(layer: caffe_pb2.LayerParameter, where: str) -> None:
+def _hole(layer: caffe_pb2.LayerParameter, where: _Where) -> None:
     """DeepLab v1's hole: hole_h/hole_w when either is set, else hole (defaults 1)."""
     p = layer.convolution_param
     if p.dilation:
