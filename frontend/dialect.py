@@ -29,6 +29,7 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.dialects import (
     FORKS,
     FORKS_BY_KEY,
+    NON_BVLC_VALUES,
     UPSAMPLE_FORKS,
     Fork,
     fork_names,
@@ -41,6 +42,7 @@ BVLC = "bvlc"
 #: caffe.proto's own numbering (what caffe2jax writes), as a dialect.
 MERGED = "caffe2jax"
 _PACKAGE = "caffe."
+_V1_ENUM = "V1LayerParameter.LayerType"
 
 
 class DialectError(CaffeError):
@@ -108,8 +110,11 @@ class Dialect:
     def v1_types(self) -> dict[int, str]:
         """V1 LayerType number -> enum name, as this dialect numbers the enum."""
         enum = caffe_pb2.V1LayerParameter.LayerType.DESCRIPTOR
-        merged = {v.name: v.number for v in enum.values}
-        overrides = self.enum_numbers().get("V1LayerParameter.LayerType", {})
+        overrides = self.enum_numbers().get(_V1_ENUM, {})
+        if self.merged:
+            return {v.number: v.name for v in enum.values}
+        foreign = NON_BVLC_VALUES.get(_V1_ENUM, frozenset()) - set(overrides)
+        merged = {v.name: v.number for v in enum.values if v.name not in foreign}
         return {number: name for name, number in renumber(merged, overrides).items()}
 
     def require_consistent(self, what: str) -> None:
@@ -216,6 +221,8 @@ def _type_candidates(layer: caffe_pb2.LayerParameter) -> tuple[Fork, ...]:
     """The forks a V2 layer's type points to, best guess first."""
     if layer.type == "Upsample":
         return tuple(FORKS_BY_KEY[k] for k in UPSAMPLE_FORKS[len(layer.bottom) == 2])
+    if layer.type == "BN":  # its bn_param fields tell SegNet's from PSPNet's; none: no guess
+        return ()
     if layer.type == "Python":
         module = layer.python_param.module
         return tuple(FORKS_BY_KEY[k] for k in PYTHON_MODULES.get(module, ()))

@@ -156,3 +156,18 @@ def test_training_types_are_fork_types():
     fork_types = {t for fork in FORKS for t in fork.types}
     assert TRAINING_TYPES <= fork_types
     assert not TRAINING_TYPES & set(registered_types())
+
+
+def test_ssd_solver_fields_parse_by_name():
+    from caffe2jax.frontend.parse import read_solver
+
+    solver = read_solver("""
+        net: "train.prototxt" base_lr: 0.001 lr_policy: "multistep" gamma: 0.1
+        stepvalue: 80000 stepvalue: 100000 eval_type: "detection" ap_version: "11point"
+        show_per_class_result: true plateau_winsize: 10000 type: "SGD"
+    """)
+    assert list(solver.stepvalue) == [80000, 100000] and solver.eval_type == "detection"
+    assert solver.ap_version == "11point" and solver.show_per_class_result
+    assert list(solver.plateau_winsize) == [10000]
+    assert caffe_pb2.SolverParameter().eval_type == "classification"
+    assert caffe_pb2.SolverParameter().ap_version == "Integral"
