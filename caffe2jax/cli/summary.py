@@ -17,6 +17,7 @@ from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.registry import lookup
 from caffe2jax.runtime.data.feeding import open_source
 
 
@@ -156,15 +157,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"(dialect {net.dialect}: {get(net.dialect).name})")
     shapes, reason = source_shapes(net, Path(args.model).parent)
     shapes.update(parse_shapes(args.input_shape))
-    try:
-        net = Model(net, shapes).net
-    except InputShapeError as err:  # a data source we cannot open here: show the structure
-        print(f"(not every shape: {reason or err}; give --input-shape BLOB=D0,D1,...)")
-    except NetError as err:  # a layer caffe2jax cannot run yet: show what is known
-        print(f"(not every shape: {err})")
+    missing = _unsupported(net)
+    if missing:  # layers caffe2jax cannot run yet: show what is known
+        print(f"(not every shape: {missing})")
     else:
-        print("\n".join(summary_lines(net)))
-        return 0
+        try:
+            net = Model(net, shapes).net
+        except InputShapeError as err:  # a data source we cannot open here
+            print(f"(not every shape: {reason or err}; give --input-shape BLOB=D0,D1,...)")
+        else:
+            print("\n".join(summary_lines(net)))
+            return 0
     known, notes = partial_shapes(net, shapes)
     print("\n".join(summary_lines(net, known, notes)))
     return 0
+
+
+def _unsupported(net: ir.Net) -> str:
+    """The first layer whose type caffe2jax does not lower, as its compile error says it."""
+    for layer in net.layers:
+        try:
+            lookup(layer)
+        except NetError as err:
+            return f"{layer.where}{err}"
+    return ""
