@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.fork_types import unsupported_fork_type
 from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]
@@ -276,6 +277,9 @@ def lookup(layer: ir.Layer) -> Lowering:
     try:
         return _REGISTRY[layer.type]
     except KeyError:
+        fork = unsupported_fork_type(layer.type, getattr(layer, "form", ""))
+        if fork:
+            raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}") from None
         close = difflib.get_close_matches(layer.type, _REGISTRY, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise NetError(

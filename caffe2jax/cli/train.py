@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from caffe2jax.cli import logs
+from caffe2jax.cli.summary import add_dialect
 from caffe2jax.frontend.errors import CaffeError, SolverError
 
 
@@ -26,6 +27,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--weights", help="comma-separated .caffemodel file(s) to fine-tune from")
     group.add_argument("--snapshot", help=".solverstate to resume training from")
+    add_dialect(p, "the fork numbering --weights were written with (default: from the net)")
     p.add_argument("--iterations", type=int, help="override the solver's max_iter")
     p.add_argument("--log", help="log file (default: <solver name>.log in this folder)")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run's files")
@@ -223,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.weights:
         for path in args.weights.split(","):
             logger.info(f"Finetuning from {path}")
-            solver.copy_trained_layers(path)
+            solver.copy_trained_layers(path, dialect=args.dialect)
     bar = None
     if use_bar:
         bar = logs.ProgressBar(solver.param.max_iter)

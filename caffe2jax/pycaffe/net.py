@@ -87,6 +87,7 @@ class Net:
         seed: int | None = None,
         state: Any = None,
         base_dir: str | os.PathLike | None = None,
+        dialect: str | None = None,
     ):
         if isinstance(phase_or_weights, str | os.PathLike) and phase_or_weights not in (
             "TRAIN",
@@ -103,7 +104,8 @@ class Net:
             self._base_dir = Path(network_file).parent
         else:
             self._base_dir = Path(".")
-        net = load_net(network_file, self.phase, level, stages or (), state=state)
+        net = load_net(network_file, self.phase, level, stages or (), state=state,
+                       dialect=dialect)  # fmt: skip
         feeder = Feeder(net, self._base_dir, seed=seed)
         compiled = CompiledNet(Model(net, feeder.input_shapes(), dtype), feeder, Sinks(net),
                                jax.random.key(seed))  # fmt: skip

@@ -453,16 +453,18 @@ class SolverLoop:
         except (ValueError, KeyError, TypeError) as err:
             raise SolverError(f"{sidecar}: not a usable resume record ({err})") from None
 
-    def copy_trained_layers(self, path: str | os.PathLike) -> None:
-        """Caffe's CopyLayers into the train net (test nets share its layers)."""
+    def copy_trained_layers(self, path: str | os.PathLike, dialect: str | None = None) -> None:
+        """Caffe's CopyLayers into the train net (test nets share its layers); ``dialect``:
+        the fork numbering of a binary file (default: the net's)."""
         from caffe2jax.runtime.formats.weights import load_weights
 
-        params, state = load_weights(path, self.train.model, self.ts.params, self.ts.state)
+        params, state = load_weights(path, self.train.model, self.ts.params, self.ts.state,
+                                     dialect=dialect)  # fmt: skip
         self.ts = self.ts.replace(params=params, state=state)
         for i, net in enumerate(self.tests):
             tp, ts = self.test_params(i)
-            self.test_states[i] = {**self.test_states[i],
-                                   **load_weights(path, net.model, tp, ts)[1]}  # fmt: skip
+            loaded = load_weights(path, net.model, tp, ts, dialect=dialect)[1]
+            self.test_states[i] = {**self.test_states[i], **loaded}
 
     def close(self) -> None:
         """Stop every net's data prefetching and close its files."""
