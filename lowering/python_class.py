@@ -322,6 +322,32 @@ def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, 
         raise
 
 
+def _host_backward(bound: _Bound, need: dict[str, tuple[bool, ...]], dtype: np.dtype):
+    """The custom VJP's backward: the layer's own ``backward`` through a host callback."""
+
+    def run_bwd(res, top_diffs):
+        token, params, bottoms, tops = res
+        if not hasattr(bound.instance, "backward"):
+            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
+        top_diffs = [
+            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
+            for d, t in zip(top_diffs, tops)
+        ]
+        flags = need["bottoms"]
+
+        def call(token, params, bottoms, tops, top_diffs):
+            return _run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
+
+        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
+                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
+        param_diffs, bottom_diffs = jax.pure_callback(
+            call, avals, token, params, bottoms, tops, top_diffs
+        )
+        return list(param_diffs), list(bottom_diffs)
+
+    return run_bwd
+
+
 def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Array], ctx):
     """The tops of a class-style Python layer inside a traced JAX program."""
     bound = bind(layer, [b.shape for b in bottoms])
@@ -358,25 +384,5 @@ def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Ar
         )
         return tops, (token, params, bottoms, tops)
 
-    def run_bwd(res, top_diffs):
-        token, params, bottoms, tops = res
-        if not hasattr(bound.instance, "backward"):
-            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
-        top_diffs = [
-            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
-            for d, t in zip(top_diffs, tops)
-        ]
-        flags = need["bottoms"]
-
-        def call(token, params, bottoms, tops, top_diffs):
-            return _run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
-
-        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
-                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
-        param_diffs, bottom_diffs = jax.pure_callback(
-            call, avals, token, params, bottoms, tops, top_diffs
-        )
-        return list(param_diffs), list(bottom_diffs)
-
-    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    run.defvjp(run_fwd, _host_backward(bound, need, dtype), symbolic_zeros=True)
     return list(run(list(params), list(bottoms)))

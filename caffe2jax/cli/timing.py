@@ -141,7 +141,7 @@ def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer
     out.peak_bytes, out.peak_source = _peak([fwd, fb])
     if per_layer:
         every_blob = jax.jit(lambda p, s, x: model.apply(p, s, x, key)[0])
-        env = {**graph._feed(inputs), **every_blob(params, state, inputs)}
+        env = {**graph.feed(inputs), **every_blob(params, state, inputs)}
         out.layers, out.compile_layers_s = _per_layer(graph, params, state, env, key, iterations)
     return out
 

@@ -80,7 +80,7 @@ def test_forward_compiles_once_per_shape_and_reshape():
     net = caffe2jax.Net(str(LENET), caffe2jax.TRAIN)
     for _ in range(3):
         net.forward(data=arrays["in__data"], label=arrays["in__label"])
-    assert len(net._jitted) == 1
+    assert len(net._programs) == 1
     net.blobs["data"].reshape(5, 1, 28, 28)
     net.blobs["label"].reshape(5)
     net.reshape()
@@ -212,7 +212,7 @@ def test_backward_uses_the_state_its_forward_ran_with():
     x1, x2 = (rng.standard_normal((3, 2, 4)).astype(np.float32) for _ in range(2))
     cont = np.ones((3, 2), np.float32)
     net.forward(x=x1, cont=cont)
-    params, carried = net._trees()  # the state the second forward starts from
+    params, carried = net.param_values()  # the state the second forward starts from
     net.forward(x=x2, cont=cont)
     dy = rng.standard_normal((3, 2, 5)).astype(np.float32)
     net.backward(h=dy)
