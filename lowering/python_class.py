@@ -62,10 +62,14 @@ class HostBlob:
         self.reshape(*shape)
 
     def reshape(self, *shape: int) -> None:
-        """New shape, contents zeroed (as Caffe's Blob::Reshape leaves fresh memory)."""
+        """Caffe's Blob::Reshape: the same shape keeps the contents; a new one starts from
+        zeros."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        self.data = np.zeros(tuple(int(d) for d in shape), self._dtype)
+        shape = tuple(int(d) for d in shape)
+        if getattr(self, "data", None) is not None and self.data.shape == shape:
+            return
+        self.data = np.zeros(shape, self._dtype)
         self.diff = np.zeros_like(self.data)
 
     @property
@@ -245,6 +249,54 @@ def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
         ParamDecl(blob.shape, _ArrayFiller(np.array(blob.data, np.float32)))
         for blob in bound.instance.blobs
     ]
+
+
+class HostDataLayer:
+    """A class-style Python layer with neither bottoms nor blobs (a data layer), run on the
+    host as Caffe runs it in each forward, before the compiled program: ``reshape`` then
+    ``forward``; its tops enter the program as inputs, so their shapes may change from one
+    forward to the next (the program for each shape is compiled once).
+
+    ``tops`` are the blobs handed to the layer: :class:`HostBlob` s, or the net's own blobs
+    (pycaffe's ``net.blobs``, :meth:`use_tops`), so a top keeps what a script wrote into it
+    until the layer writes it, as in Caffe."""
+
+    def __init__(self, layer: ir.Layer, bound: _Bound):
+        self.layer = layer
+        self.instance = bound.instance
+        self.tops: list[Any] = list(bound.top)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+    def shapes(self) -> dict[str, Shape]:
+        """The tops' current shapes by blob name."""
+        return {name: tuple(top.shape) for name, top in zip(self.layer.top_names, self.tops)}
+
+    def use_tops(self, tops: Sequence[Any]) -> None:
+        """Hand the layer these blobs as its tops from now on (their shapes taken from the
+        current tops)."""
+        for new, old in zip(tops, self.tops):
+            if tuple(new.shape) != tuple(old.shape):
+                new.reshape(*old.shape)
+        self.tops = list(tops)
+
+    def forward(self) -> dict[str, np.ndarray]:
+        """Caffe's Layer::Forward of a data layer: ``reshape`` then ``forward``; a copy of
+        each top by blob name."""
+        self.instance.reshape([], self.tops)
+        self.instance.forward([], self.tops)
+        return {name: np.array(top.data, copy=True)
+                for name, top in zip(self.layer.top_names, self.tops)}  # fmt: skip
+
+
+def host_data_layer(layer: ir.Layer) -> HostDataLayer | None:
+    """``layer`` (a class-style Python layer without bottoms), set up as Caffe's Net::Init
+    does (``setup`` and ``reshape``), as a :class:`HostDataLayer`; None when its ``setup``
+    added blobs (then it stays a layer of the compiled program, with the same instance)."""
+    bound = bind(layer, [])
+    return None if len(bound.instance.blobs) else HostDataLayer(layer, bound)
 
 
 # -- callbacks ----------------------------------------------------------------------------------

@@ -27,26 +27,31 @@ class ParamBlobs:
         self.version = 0
 
     def own(self, graph: Graph) -> None:
-        """A Blob for every owned param blob of ``graph`` that has none yet (a sharer's slot
-        resolves to its owner's)."""
+        """A Blob for every owned param blob of ``graph`` (a sharer's slot resolves to its
+        owner's); ``graph`` is the one whose trees :meth:`values` gives."""
+        self._order = []
         for name, j, decl in graph.owned():
             if (name, j) not in self.blobs:
                 self.blobs[(name, j)] = Blob(decl.shape, self.dtype)
+            self._order.append((name, j, decl.state, len(graph.decls[name])))
 
     def of_layer(self, graph: Graph, key: str) -> list[Blob]:
         """Layer ``key``'s blobs in Caffe's order (shared ones are their owner's Blob)."""
         return [self.blobs[graph.shared.get((key, j), (key, j))]
                 for j in range(len(graph.decls.get(key, [])))]  # fmt: skip
 
-    def values(self, graph: Graph) -> tuple[dict, NetState]:
+    def values(self) -> tuple[dict, NetState]:
         """The current params and state as the functional API takes them (what scripts
         wrote into the arrays included)."""
         params: dict[str, list] = {}
         state: dict[str, list] = {}
-        for name, j, decl in graph.owned():
-            tree = state if decl.state else params
-            blobs = tree.setdefault(name, [None] * len(graph.decls[name]))
-            blobs[j] = self.blobs[(name, j)]._device()
+        blobs = self.blobs
+        for name, j, is_state, count in self._order:
+            tree = state if is_state else params
+            slots = tree.get(name)
+            if slots is None:
+                slots = tree[name] = [None] * count
+            slots[j] = blobs[(name, j)]._device()
         return params, NetState(state, self.carry)
 
     def show(self, params: dict, state: dict) -> None:

@@ -80,9 +80,11 @@ class Structure:
     the nonzero loss weights of the tops (their diffs start there, as Net::Init sets them).
     """
 
-    def __init__(self, layers: tuple[CaffeLayer, ...], net_name: str):
+    def __init__(self, layers: tuple[CaffeLayer, ...], net_name: str,
+                 types: dict[str, str] | None = None):  # fmt: skip
         self.layers = layers
         self.net_name = net_name
+        self._types = dict(types or {})
         self.data_version: dict[str, str] = {}
         self.diff_version: dict[str, str] = {}
         for caffe in layers:
@@ -115,6 +117,10 @@ class Structure:
                 out.update(zip(caffe.top_names, caffe.tops))
             self._writes[key] = out
         return self._writes[key]
+
+    def type_of(self, caffe: CaffeLayer) -> str:
+        """The layer's Caffe type (a Python data layer run on the host stays "Python")."""
+        return self._types.get(caffe.key or "", caffe.type)
 
     def top_names(self) -> OrderedDict[str, list[str]]:
         return OrderedDict((c.name, list(c.top_names)) for c in self.layers)

@@ -108,11 +108,9 @@ class SolverLoop:
             raise SolverError(str(err)) from None
         self.ts = TrainState(params, state, self.trainer.init(params, state), key)
         self.test_states = [t.model.init(key)[1] for t in self.tests]
-        self._test_forward = [
-            jax.jit(self._forward_fn(t.model)) if self.mesh is None
-            else data_parallel.test_forward(t.model, self.mesh)
-            for t in self.tests
-        ]  # fmt: skip
+        if self.mesh is not None:  # one input shape on a mesh
+            self._test_forward = [data_parallel.test_forward(t.model, self.mesh)
+                                  for t in self.tests]  # fmt: skip
 
     # -- requests from signal handlers ----------------------------------------------------
 
@@ -144,7 +142,7 @@ class SolverLoop:
         out = []
         for _ in range(self.trainer.iter_size):
             if self.mesh is None:
-                fed = self.train.feeder.next_batches()
+                fed = self.train.next_inputs()
                 out.append(fill(fed) if fill is not None else fed)
                 continue
             # Caffe's solvers each read their own batch_size: one batch per device
@@ -243,7 +241,9 @@ class SolverLoop:
                                                self._passes(None)[0], keys)  # fmt: skip
             self.ts = self.ts.replace(state=state)
             return float(np.asarray(objective)[0])
-        blobs, state = model.apply(self.ts.params, self.ts.state, self._passes(None)[0], rng)
+        inputs = self._passes(None)[0]
+        model = self.train.member(inputs)
+        blobs, state = model.apply(self.ts.params, self.ts.state, inputs, rng)
         self.ts = self.ts.replace(state=state)
         return float(model.graph.objective(blobs))
 
@@ -278,7 +278,6 @@ class SolverLoop:
         """Caffe's Solver::Test: mean of each output over test_iter forwards."""
         self.log.info(f"Iteration {self.iter}, Testing net (#{index})")
         net = self.tests[index]
-        graph = net.model.graph
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
         if self.mesh is not None:
@@ -288,10 +287,12 @@ class SolverLoop:
         blobs = None
         for _ in range(iters):
             net.key, rng = jax.random.split(net.key)
-            blobs, state = self._test_forward[index](params, state, net.feeder.next_batches(), rng)
+            inputs = net.next_inputs()
+            forward = net.program("test", inputs, lambda m: jax.jit(self._forward_fn(m)))
+            blobs, state = forward(params, state, inputs, rng)
             net.sinks.write(blobs)
             if self.param.test_compute_loss:
-                loss += float(graph.objective(blobs))
+                loss += float(net.member(inputs).graph.objective(blobs))
             for name in net.model.outputs:
                 value = np.asarray(blobs[name], np.float64)
                 sums[name] = sums.get(name, 0) + value
