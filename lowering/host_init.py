@@ -1,17 +1,17 @@
-"""Caffe's fillers on the host: a net's params and state without compiling the net's init.
+"""Caffe's fillers on the host: a net's params and state with nothing to compile.
 
 :meth:`Graph.init <caffe2jax.lowering.graph.Graph.init>` draws every random filler from two
 shared sample pools (:class:`caffe2jax.lowering.fillers.Draws`) inside one compiled program,
-whose compile grows with the net (seconds for GoogLeNet). Here only the two pools are drawn by
-a small compiled program (the same samples) and each filler's arithmetic runs in numpy, so
-values equal the traced path's to float rounding (XLA may fuse a multiply-add: ≤ 1 ulp);
-constant fillers cost nothing, and no program depends on the net's layers.
+whose compile grows with the net (seconds for GoogLeNet) and whose threefry draws are slow on
+a CPU (seconds for ResNet-152's 60 M weights). Here the same fillers (the same formulas, code
+and checks) draw their two pools from NumPy's generator seeded by the key, and run in NumPy:
+the same distributions, other samples (Caffe's own RNG is not reproduced by either; its
+constant and bilinear fillers are exact in both).
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import jax
@@ -22,20 +22,17 @@ from caffe2jax.lowering.graph import Graph, Params
 from caffe2jax.lowering.registry import NetState
 
 
-@partial(jax.jit, static_argnums=(1, 2, 3))
-def _pools(key: jax.Array, normals: int, uniforms: int, dtype: Any) -> tuple:
-    """The pools :class:`Draws` draws (same keys, same order)."""
-    k_normal, k_uniform = jax.random.split(key)
-    normal = jax.random.normal(k_normal, (normals,), dtype) if normals else None
-    uniform = jax.random.uniform(k_uniform, (uniforms,), dtype) if uniforms else None
-    return normal, uniform
-
-
 class _HostDraws(Draws):
-    """:class:`Draws` over numpy copies of the pools."""
+    """:class:`Draws` whose pools are NumPy's: standard normals and U[0, 1), float32 (or the
+    net's float dtype), from a generator seeded by the JAX key's data."""
 
-    def __init__(self, normal: np.ndarray | None, uniform: np.ndarray | None):
-        self._pools = {"normal": normal, "uniform": uniform}
+    def __init__(self, key: jax.Array, normals: int, uniforms: int, dtype: np.dtype):
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
+        kind = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        self._pools = {
+            "normal": rng.standard_normal(normals, dtype=kind).astype(dtype, copy=False),
+            "uniform": rng.random(uniforms, dtype=kind).astype(dtype, copy=False),
+        }
         self._used = {"normal": 0, "uniform": 0}
 
 
@@ -55,9 +52,7 @@ def host_init(graph: Graph, key: jax.Array) -> tuple[Params, NetState]:
     dtype = np.dtype(graph.dtype)
     owned = graph.owned()
     needs = [draws_needed(decl.filler, decl.shape) for _, _, decl in owned]
-    normals, uniforms = sum(n for n, _ in needs), sum(u for _, u in needs)
-    pools = _pools(key, normals, uniforms, dtype) if normals or uniforms else (None, None)
-    draws = _HostDraws(*(None if p is None else np.asarray(p) for p in pools))
+    draws = _HostDraws(key, sum(n for n, _ in needs), sum(u for _, u in needs), dtype)
     params: Params = {}
     state: Params = {}
     for name, j, decl in owned:

@@ -96,9 +96,10 @@ class Model:
 
     def init(self, key: jax.Array | int = 0) -> tuple[Params, Params]:
         """Params and state drawn from each blob's Caffe filler. Called with a concrete key
-        the fillers run on the host (:mod:`caffe2jax.lowering.host_init`: no program per net
-        or per filler to compile); traced (inside ``jit``/``vmap``), as one JAX program. Both
-        draw the same samples (values equal to float rounding)."""
+        the fillers run on the host (:mod:`caffe2jax.lowering.host_init`: nothing to compile,
+        samples from NumPy's generator seeded by the key); traced (inside ``jit``/``vmap``),
+        as one JAX program drawing from the key itself. Same distributions, other samples;
+        each path is deterministic in its key."""
         if isinstance(key, int):
             key = jax.random.key(key)
         if isinstance(key, jax.core.Tracer):
