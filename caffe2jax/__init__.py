@@ -99,6 +99,23 @@ class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.append(_ModuleAliases())
 
 
+class _CacheOnFirstUse(importlib.abc.MetaPathFinder):
+    """Turns JAX's persistent compilation cache on (:mod:`caffe2jax.runtime.compile_cache`)
+    when the part that compiles (``caffe2jax.lowering``) is first imported, by any way in: the
+    functional API, pycaffe and the CLI alike; the parser alone stays free of it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "caffe2jax.lowering":
+            sys.meta_path.remove(self)
+            from caffe2jax.runtime import compile_cache
+
+            compile_cache.enable_by_default()
+        return None
+
+
+sys.meta_path.insert(0, _CacheOnFirstUse())
+
+
 def __getattr__(name: str) -> Any:
     try:
         module, attribute = _NAMES[name]

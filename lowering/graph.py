@@ -226,6 +226,16 @@ class Graph:
             if (layer.name, j) not in self.shared
         ]
 
+    def owned(self) -> list[tuple[str, int, ParamDecl]]:
+        """``(layer, blob index, declaration)`` of every param blob a layer owns, in net order:
+        Caffe's params minus the slots shared from an earlier layer (AppendParam)."""
+        return self._owned()
+
+    @property
+    def input_versions(self) -> dict[str, str]:
+        """The SSA id each input blob (a source layer's top) is written as, by user name."""
+        return dict(self._input_ssa)
+
     def _init_fn(self, key: jax.Array) -> tuple[Params, Params]:
         owned = self._owned()
         needs = [draws_needed(decl.filler, decl.shape) for _, _, decl in owned]
@@ -254,6 +264,11 @@ class Graph:
             else:
                 out.append(params[layer.name][j])
         return out
+
+    def feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """``inputs`` (by user name) as the blob versions :meth:`run` reads, every input
+        present and of the shape the net was compiled for (one clear error otherwise)."""
+        return self._feed(inputs)
 
     def _feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
         missing = [name for name in self.inputs if name not in inputs]

@@ -109,7 +109,7 @@ def test_hdf5_output_writes_its_bottoms(tmp_path):
     net = caffe2jax.Net(text)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     net.forward(x=x, y=np.array([1, 0], np.float32))
-    net._sinks.close()
+    net.close()
     import h5py
 
     with h5py.File(out) as f:
