@@ -184,9 +184,9 @@ def pytorch_loader(db: Path, decoder: str, workers: int, batches: int) -> dict:
     loader = DataLoader(LmdbDataset(db, decoder), batch_size=BATCH, num_workers=workers,
                         drop_last=True, persistent_workers=True, prefetch_factor=2,
                         multiprocessing_context="forkserver")  # fmt: skip
-    it = iter(loader)
-    result = measure(lambda: next(it), batches)
-    del it, loader
+    batches_of = iter(loader)
+    result = measure(lambda: next(batches_of), batches)
+
     return result
 
 
@@ -234,9 +234,8 @@ def _torchvision_available() -> str | None:
 
 def rows_of(args: argparse.Namespace, listfile: Path, db: Path, folder: Path) -> list:
     """(label, workers, thunk) for every row of the table."""
-    rows = []
+    rows, n = [], args.batches
     for w in args.workers:
-        n = args.batches
         rows += [
             ("caffe2jax training path (Feeder, Data)", w,
              lambda w=w: caffe2jax_feeder("Data", db, folder, w, n)),
@@ -307,8 +306,8 @@ def main() -> None:
         for r in range(args.rounds):
             for label, w, run in rows:
                 results.setdefault((label, w), []).append(run())
-                print(f"round {r + 1}: {label}, {w} workers: "
-                      f"{results[(label, w)][-1]['img/s']:,.0f} img/s", file=sys.stderr)  # fmt: skip
+                rate = results[(label, w)][-1]["img/s"]
+                print(f"round {r + 1}: {label}, {w} workers: {rate:,.0f} img/s", file=sys.stderr)
         report(rows, results, args)
 
 
