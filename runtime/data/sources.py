@@ -7,6 +7,7 @@ against ``base_dir`` (the prototxt's folder, passed by the caller).
 
 * ``Data`` (LMDB/LevelDB of Datums): :mod:`.data_layer`;
 * ``ImageData`` (a list of image files): :mod:`.image_data`;
+* ``WindowData`` (R-CNN's windows of images): :mod:`.window_data`;
 * ``HDF5Data`` and the ``HDF5Output`` sink: :mod:`.hdf5`.
 
 Which class reads which type is lowering's one table of data layers (``DATA_LAYERS``): a new

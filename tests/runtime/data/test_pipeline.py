@@ -54,10 +54,29 @@ def image_list(folder: Path, count: int = 11) -> Path:
     return folder / "list.txt"
 
 
+def window_file(folder: Path) -> Path:
+    """Two images and a dozen foreground and background windows of them."""
+    lines = []
+    for index in range(2):
+        Image.fromarray(RNG.integers(0, 256, (12, 14, 3), dtype=np.uint8)).save(
+            folder / f"w{index}.png"
+        )
+        boxes = [(1 + k % 3, 0.6 + 0.1 * (k % 3), k, k, 6 + k, 5 + k) for k in range(4)]
+        boxes += [(0, 0.1, k, 1, 9, 8 + k) for k in range(3)]
+        lines += [f"# {index}", f"w{index}.png", "3", "12", "14", str(len(boxes))]
+        lines += [" ".join(str(v) for v in box) for box in boxes]
+    (folder / "windows.txt").write_text("\n".join(lines) + "\n")
+    return folder / "windows.txt"
+
+
 def layers(tmp_path: Path) -> dict[str, str]:
     db = jpeg_lmdb(tmp_path / "db")
     listed = image_list(tmp_path)
+    windows = window_file(tmp_path)
     return {
+        "WindowData": (f'name: "w" type: "WindowData" top: "data" top: "label" transform_param '
+                       f'{{ {TRANSFORM} }} window_data_param {{ source: "{windows}" root_folder: '
+                       f'"{tmp_path}/" batch_size: 5 context_pad: 1 scale: 0.5 }}'),
         "Data": (f'name: "d" type: "Data" top: "data" top: "label" transform_param {{ '
                  f'{TRANSFORM} }} data_param {{ source: "{db}" batch_size: 4 backend: LMDB }}'),
         "ImageData": (f'name: "i" type: "ImageData" top: "data" top: "label" transform_param '
@@ -82,7 +101,7 @@ def same(got: list, want: list) -> bool:
     return all(np.asarray(g).tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
 
 
-@pytest.mark.parametrize("kind", ["Data", "ImageData"])
+@pytest.mark.parametrize("kind", ["Data", "ImageData", "WindowData"])
 @pytest.mark.parametrize("workers, to_device", [(0, True), (1, True), (3, True), (2, False)])
 def test_batches_are_the_same_bytes_for_any_number_of_workers(tmp_path, kind, workers, to_device):
     """12 batches (past two wrap-arounds and a reshuffle) with random crops and mirrors:
@@ -97,7 +116,7 @@ def test_batches_are_the_same_bytes_for_any_number_of_workers(tmp_path, kind, wo
         assert reader.stats.batches >= (12 if workers else 0)
 
 
-@pytest.mark.parametrize("kind", ["Data", "ImageData"])
+@pytest.mark.parametrize("kind", ["Data", "ImageData", "WindowData"])
 def test_a_resumed_reader_reads_the_same_bytes(tmp_path, kind):
     text = layers(tmp_path)[kind]
     want, states = serial(text, 10)
