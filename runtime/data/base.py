@@ -103,7 +103,14 @@ class ItemSource(DataSource):
     ``item_shape`` and ``_shapes``, and implement :meth:`_records` (the next batch's records,
     moving the reader), :meth:`_skip_records` and :meth:`_item` (decode one record). The
     position of the next item is ``position``: part of the state, it keys the random crops
-    and mirrors."""
+    and mirrors.
+
+    A layer whose items are more than one image and a scalar label (an image and its label
+    map, a clip of frames, a warped window) overrides :meth:`fill` instead of ``_item``: it
+    writes its rows of every top, drawing crops and mirrors for all of an item's parts from
+    ``self.transformer.draws(planned.positions[...])`` (see :class:`~.window_data.
+    WindowDataSource`). Planning, skips, worker threads, slots and exact resume stay as
+    they are."""
 
     batch_size: int
     labels: bool = True
