@@ -165,12 +165,19 @@ class DataTransformer:
             mean = self.mean[:, h_off : h_off + h, w_off : w_off + w]
             np.subtract(view, mean[:, :, ::-1] if flip else mean, out=out)
         elif len(self.mean_values):
-            means = np.broadcast_to(self.mean_values, (c,))[:, None, None]
-            np.subtract(view, means, out=out)
+            np.subtract(view, self._channel_means(c), out=out)
         else:
             out[...] = view
         if self.scale != 1:
             np.multiply(out, self.scale, out=out)
+
+    def _channel_means(self, channels: int) -> np.ndarray:
+        """``mean_value`` as a (C, 1, 1) array (one value repeated for every channel)."""
+        means = getattr(self, "_means", None)
+        if means is None or len(means) != channels:
+            means = self._means = np.ascontiguousarray(
+                np.broadcast_to(self.mean_values, (channels,))[:, None, None])  # fmt: skip
+        return means
 
     def transform(self, batch: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """A whole (N, C, H, W) batch whose items sit at ``positions``, as a new float32
