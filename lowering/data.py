@@ -47,6 +47,14 @@ DATA_LAYERS: dict[str, DataLayer] = {
     "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
     "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
     "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
+    # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
+    "DenseImageData": DataLayer(
+        (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"
+    ),
+    "ImageSegData": DataLayer(
+        (0, 0, 2, 3), "pipeline", _DATA + "image_seg_data:ImageSegDataSource"
+    ),
+    "VideoData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "video_data:VideoDataSource"),
 }
 
 
