@@ -41,8 +41,10 @@ Triple = tuple[int, int, int]
 
 def _five_d(layer: ir.Layer, shape) -> None:
     if len(shape) != 5:
-        raise fail(layer, f"input must have 5 axes (num, channels, length, height, width), "
-                          f"got {list(shape)}")  # fmt: skip
+        raise fail(
+            layer,
+            f"input must have 5 axes (num, channels, length, height, width), got {list(shape)}",
+        )
 
 
 def _positive(layer: ir.Layer, **values: int) -> None:
@@ -59,19 +61,27 @@ def conv3d_geometry(layer: ir.Layer, shape) -> tuple[Triple, Triple, Triple]:
     ``shape``, checked as C3D's LayerSetUp does (and refusing an empty output)."""
     _five_d(layer, shape)
     p = layer.param.convolution3d_param
-    _positive(layer, num_output=p.num_output, kernel_size=p.kernel_size,
-              kernel_depth=p.kernel_depth, stride=p.stride,
-              temporal_stride=p.temporal_stride, filter_group=p.filter_group)  # fmt: skip
+    _positive(
+        layer,
+        num_output=p.num_output,
+        kernel_size=p.kernel_size,
+        kernel_depth=p.kernel_depth,
+        stride=p.stride,
+        temporal_stride=p.temporal_stride,
+        filter_group=p.filter_group,
+    )
     if p.num_output % p.filter_group:
-        raise fail(layer, f"num_output {p.num_output} is not divisible by filter_group "
-                          f"{p.filter_group}")  # fmt: skip
+        raise fail(
+            layer, f"num_output {p.num_output} is not divisible by filter_group {p.filter_group}"
+        )
     kernel = (p.kernel_depth, p.kernel_size, p.kernel_size)
     stride = (p.temporal_stride, p.stride, p.stride)
     pad = (p.temporal_pad, p.pad, p.pad)
     for size, k, q, axis in zip(shape[2:], kernel, pad, "LHW"):
         if k > size + 2 * q:
-            raise fail(layer, f"kernel {k} is larger than the padded input {size} + 2·{q} "
-                              f"along {axis}")  # fmt: skip
+            raise fail(
+                layer, f"kernel {k} is larger than the padded input {size} + 2·{q} along {axis}"
+            )
     return kernel, stride, pad
 
 
@@ -112,8 +122,13 @@ def pool3d_spec(layer: ir.Layer, shape) -> tuple[int, Triple, Triple, Triple, Tr
     p = layer.param.pooling3d_param
     if p.pool == P3.STOCHASTIC:
         raise fail(layer, "STOCHASTIC pooling is not implemented in C3D (MAX and AVE are)")
-    _positive(layer, kernel_size=p.kernel_size, kernel_depth=p.kernel_depth,
-              stride=p.stride, temporal_stride=p.temporal_stride)  # fmt: skip
+    _positive(
+        layer,
+        kernel_size=p.kernel_size,
+        kernel_depth=p.kernel_depth,
+        stride=p.stride,
+        temporal_stride=p.temporal_stride,
+    )
     if p.pad and p.pool != P3.AVE:
         raise fail(layer, "padding is implemented only for average pooling (C3D)")
     kernel = (p.kernel_depth, p.kernel_size, p.kernel_size)
@@ -132,8 +147,10 @@ def pool3d_spec(layer: ir.Layer, shape) -> tuple[int, Triple, Triple, Triple, Tr
 def _padding(shape, kernel, stride, pad, out) -> list[tuple[int, int]]:
     """reduce_window padding of (N, C, L, H, W): ``pad`` before, and after whatever the last
     (ceil) window needs beyond the input and its padding."""
-    spatial = [(q, max(0, (o - 1) * s + k - n - q))
-               for n, k, s, q, o in zip(shape[2:], kernel, stride, pad, out)]  # fmt: skip
+    spatial = [
+        (q, max(0, (o - 1) * s + k - n - q))
+        for n, k, s, q, o in zip(shape[2:], kernel, stride, pad, out)
+    ]
     return [(0, 0), (0, 0), *spatial]
 
 
@@ -148,8 +165,9 @@ def _ave_divisor(shape, kernel, stride, pad, out) -> np.ndarray:
 
 
 def _window_max(x, kernel: Triple, stride: Triple, padding) -> jax.Array:
-    return lax.reduce_window(x, jnp.asarray(-_FLT_MAX, x.dtype), lax.max, (1, 1, *kernel),
-                             (1, 1, *stride), padding)  # fmt: skip
+    return lax.reduce_window(
+        x, jnp.asarray(-_FLT_MAX, x.dtype), lax.max, (1, 1, *kernel), (1, 1, *stride), padding
+    )
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -190,7 +208,8 @@ def pooling3d(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]
     padding = _padding(x.shape, kernel, stride, pad, out)
     if method == P3.MAX:
         return [max_pool3d(x, kernel, stride, tuple(padding))]
-    total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, (1, 1, *kernel),
-                              (1, 1, *stride), padding)  # fmt: skip
+    total = lax.reduce_window(
+        x, jnp.asarray(0, x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
+    )
     divisor = _ave_divisor(x.shape, kernel, stride, pad, out)
     return [total / jnp.asarray(divisor, x.dtype)]
