@@ -91,7 +91,8 @@ class ImageSegDataSource(PairListSource):
         self.item_shape = image.shape
         out = self.crop if self.crop[0] else image.shape[1:]
         self.transformer.output_shape((image.shape[0], *out), str(self.list_path))
-        self.means = np.broadcast_to(self.transformer.mean_values, (image.shape[0],))
+        values = self.transformer.mean_values
+        self.means = np.broadcast_to(values, (image.shape[0],)) if len(values) else None
         self._shapes = [(self.batch_size, image.shape[0], *out), (self.batch_size, 1, *out)]
         self._shapes += [(self.batch_size, 1, 1, 2)] * (len(layer.top) == 3)
 
@@ -154,7 +155,7 @@ class ImageSegDataSource(PairListSource):
         ph, pw = max(ch - h, 0), max(cw - w, 0)
         if not (ph or pw):
             return image, label
-        if not len(self.transformer.mean_values):
+        if self.means is None:
             raise DataError(
                 f"layer {self.name!r} (ImageSegData): crop {ch}×{cw} is larger "
                 f"than the image {h}×{w}; DeepLab pads with mean_value, which "
