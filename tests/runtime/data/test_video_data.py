@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import caffe2jax
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
 from caffe2jax.runtime.data.datum import write_blobproto
@@ -17,7 +18,7 @@ from caffe2jax.runtime.data.image import read_image
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.sources import make_source
 from caffe2jax.runtime.data.transform import uniform_ints
-from tests.forks import c3d_blob
+from tests.forks import FORK_MODELS, c3d_blob
 
 from .helpers import layer
 
@@ -159,3 +160,28 @@ def test_one_line_errors(tmp_path, lines, param, match):
     with pytest.raises(DataError, match=match) as err:
         make_source(video(tmp_path, lines, 1, param, length=length), "TRAIN").next_batch()
     assert "\n" not in str(err.value)
+
+
+def test_c3d_v10_development_net_runs_forward_on_clips(tmp_path):
+    """The C3D v1.0 fine-tuning net of the development set (V1 VIDEO_DATA, CONVOLUTION3D,
+    POOLING3D), its list, frames and 5-D v1.0 mean file made up here, batch 1: the clip
+    goes through the pipeline, crop 112 and mean, and the net to a finite loss."""
+    text = (FORK_MODELS / "c3d_v10_ucf101_finetune_train.prototxt").read_text()
+    for v in range(2):
+        (tmp_path / f"v{v}").mkdir()
+        for i in range(1, 18):
+            rgb = RNG.integers(0, 256, (120, 160, 3), dtype=np.uint8)
+            Image.fromarray(rgb).save(tmp_path / f"v{v}" / f"{i:06d}.jpg")
+    (tmp_path / "train_01.lst").write_text(f"{tmp_path}/v0 1 5\n{tmp_path}/v1 2 9\n")
+    mean = RNG.uniform(0, 255, (1, 3, 16, 128, 171)).astype(np.float32)
+    (tmp_path / "train01_16_128_171_mean.binaryproto").write_bytes(
+        c3d_blob(mean.shape, mean.ravel())
+    )
+    (tmp_path / "net.prototxt").write_text(text.replace("batch_size: 30", "batch_size: 1"))
+    net = caffe2jax.Net(str(tmp_path / "net.prototxt"), caffe2jax.TRAIN, seed=0)
+    assert net.blobs["data"].data.shape == (1, 3, 16, 112, 112)
+    assert net.params["conv1a"][0].data.shape == (64, 3, 3, 3, 3)
+    assert net.params["conv1a"][1].data.shape == (1, 1, 1, 1, 64)
+    (loss,) = net.forward().values()
+    assert np.isfinite(loss) and net.blobs["label"].data[0] in (5, 9)
+    assert net.blobs["pool5"].data.shape == (1, 512, 1, 4, 4)
