@@ -111,6 +111,10 @@ class VideoDataSource(PairListSource):
         seed: int | None = None,
         form: str = "",
     ) -> None:
+        if form == "ssd":
+            raise DataError(
+                f"layer {layer.name!r}: SSD's VideoData (a webcam or a video file) is not supported"
+            )
         check_tops(layer, (2,))
         p, t = layer.video_data_param, layer.transform_param
         self.name, self.phase, self.v10 = layer.name, check_phase(phase), form == "c3d-v1.0"

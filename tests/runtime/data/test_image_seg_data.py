@@ -163,3 +163,25 @@ def test_one_line_errors(tmp_path, edit, param, transform, match):
         make_source(seg(tmp_path, 1, param or "label_type: PIXEL", transform),
                     "TRAIN").next_batch()  # fmt: skip
     assert "\n" not in str(err.value)
+
+
+def test_deeplab_v1_net_reads_image_seg_data_in_its_form(tmp_path):
+    """A V1 DeepLab net (IMAGE_SEG_DATA, CONVOLUTION with hole): the data layer is opened in
+    the deeplab-v1 form (a label image whatever label_type says, padded with 255)."""
+    import caffe2jax
+
+    _, labels = write_pairs(tmp_path, count=1, size=(6, 8))
+    (tmp_path / "net.prototxt").write_text(
+        'name: "dl"\nlayers { name: "data" type: IMAGE_SEG_DATA top: "data" top: "label"\n'
+        f'  image_data_param {{ root_folder: "{tmp_path}/" source: "{tmp_path}/list.txt" '
+        "batch_size: 1 }\n  transform_param { mean_value: 104 mean_value: 117 "
+        "mean_value: 123 crop_size: 9 } }\n"
+        'layers { name: "conv" type: CONVOLUTION bottom: "data" top: "conv"\n'
+        "  convolution_param { num_output: 2 kernel_size: 3 pad: 2 hole: 2 } }\n"
+    )
+    net = caffe2jax.Net(str(tmp_path / "net.prototxt"), caffe2jax.TEST)
+    net.forward()
+    want = np.full((1, 9, 9), 255, np.float32)
+    want[:, :6, :8] = labels[0]
+    np.testing.assert_array_equal(net.blobs["label"].data[0], want)
+    assert net.blobs["conv"].data.shape == (1, 2, 9, 9)

@@ -185,3 +185,24 @@ def test_c3d_v10_development_net_runs_forward_on_clips(tmp_path):
     (loss,) = net.forward().values()
     assert np.isfinite(loss) and net.blobs["label"].data[0] in (5, 9)
     assert net.blobs["pool5"].data.shape == (1, 512, 1, 4, 4)
+
+
+SSD_VIDEO = """name: "ssd_video"
+layer { name: "data" type: "VideoData" top: "data"
+  video_data_param { video_type: VIDEO video_file: "clip.mp4" } }
+layer { name: "relu" type: "ReLU" bottom: "data" top: "relu" }
+"""
+
+
+def test_ssd_video_data_is_refused_at_compile_time_in_one_line(tmp_path, capsys):
+    from caffe2jax.cli.main import main
+    from caffe2jax.frontend.errors import NetError
+    from caffe2jax.lowering.model import compile as compile_net
+
+    with pytest.raises(NetError, match="layer 'data' \\(type VideoData\\): SSD's VideoData "
+                                       "reads a webcam or a video file") as err:  # fmt: skip
+        compile_net(SSD_VIDEO, input_shapes={"data": (1, 3, 4, 4)})
+    assert "\n" not in str(err.value)
+    (tmp_path / "net.prototxt").write_text(SSD_VIDEO)
+    assert main(["summary", str(tmp_path / "net.prototxt")]) == 0
+    assert "(not every shape: " in capsys.readouterr().out  # listed, with the reason
