@@ -15,7 +15,7 @@ import pytest
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.weights import load_weights
-from tests.forks import c3d_blob, ld, s, v1_layer
+from tests.forks import bvlc_blob, c3d_blob, ld, s, v1_layer, v2_layer
 from tests.lowering.nets import net_text, rel, run
 
 RNG = np.random.default_rng(0)
@@ -267,3 +267,31 @@ def test_c3d_v10_net_loads_5d_weights_and_runs(tmp_path):
     conv = conv3d_loops(x.astype(np.float64), w, b, (1, 1), (1, 1))
     want = pool3d_loops(conv, "MAX", 2, 1, 2, 1, 0)
     assert rel(out["pool1"], want) < 1e-6
+
+
+C3D_V11 = """name: "c3d11"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 1 dim: 2 dim: 3 dim: 4 dim: 4 } } }
+layer { name: "conv1a" type: "Convolution3D" bottom: "data" top: "conv1a"
+  convolution3d_param { num_output: 3 kernel_size: 3 kernel_depth: 3 pad: 1 temporal_pad: 1 } }
+"""
+
+
+def test_c3d_v11_weights_are_bvlc_5d_blobs_and_round_trip(tmp_path):
+    from caffe2jax.runtime.formats.weights import save_weights
+
+    proto = tmp_path / "c3d11.prototxt"
+    proto.write_text(C3D_V11)
+    w = RNG.standard_normal((3, 2, 3, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(3).astype(np.float32)
+    blobs = ld(7, bvlc_blob(w.shape, w.ravel())) + ld(7, bvlc_blob((1, 1, 1, 1, 3), b))
+    weights = tmp_path / "c3d11.caffemodel"
+    weights.write_bytes(s(1, "c3d11") + v2_layer("conv1a", "Convolution3D", blobs))
+    model = compile_net(str(proto))
+    assert model.net.dialect == "c3d-v1.1"
+    params, state = load_weights(str(weights), model)
+    np.testing.assert_array_equal(np.asarray(params["conv1a"][0]), w)
+    save_weights(tmp_path / "again.caffemodel", model, params, state)
+    again, _ = load_weights(str(tmp_path / "again.caffemodel"), model)
+    for got, want in zip(again["conv1a"], params["conv1a"], strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
