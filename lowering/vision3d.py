@@ -186,6 +186,13 @@ def _max_bwd(kernel, stride, padding, residuals, dy):
     x, y = residuals
     fill = jnp.asarray(-_FLT_MAX, x.dtype)
     xp = jnp.pad(x, padding, constant_values=fill)
+    length, h, w = x.shape[2:]
+    if tuple(stride) == tuple(kernel):  # C3D's pools: disjoint windows, no scatter needed
+        y_up, dy_up = y, dy
+        for axis, k in zip((2, 3, 4), kernel):
+            y_up, dy_up = jnp.repeat(y_up, k, axis), jnp.repeat(dy_up, k, axis)
+        grad = jnp.where(xp == y_up, dy_up, 0)
+        return (grad[:, :, :length, :h, :w],)
     grad = jnp.zeros_like(xp)
     out = y.shape[2:]
     for offset in itertools.product(*(range(k) for k in kernel)):
@@ -193,7 +200,6 @@ def _max_bwd(kernel, stride, padding, residuals, dy):
             slice(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offset, stride, out)
         )
         grad = grad.at[index].add(jnp.where(xp[index] == y, dy, 0))
-    length, h, w = x.shape[2:]
     return (grad[:, :, :length, :h, :w],)
 
 
