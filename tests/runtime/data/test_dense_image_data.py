@@ -160,3 +160,32 @@ def test_needs_two_tops(tmp_path):
     write_pairs(tmp_path, count=1)
     with pytest.raises(DataError, match="needs 2 tops"):
         make_source(dense(tmp_path, 1, tops=1), "TEST")
+
+
+def test_a_segmentation_net_trains_on_dense_image_data(tmp_path):
+    """Training input: a solver steps a per-pixel classifier fed by DenseImageData (random
+    crop and mirror shared by image and label map)."""
+    import caffe2jax
+
+    write_pairs(tmp_path, count=3, classes=4)
+    net = (
+        f'layer {{ name: "data" type: "DenseImageData" top: "data" top: "label" '
+        f"transform_param {{ scale: 0.01 }} dense_image_data_param {{ "
+        f'source: "{tmp_path}/list.txt" root_folder: "{tmp_path}/" batch_size: 2 '
+        "shuffle: true mirror: true crop_height: 4 crop_width: 6 } }\n"
+        'layer { name: "score" type: "Convolution" bottom: "data" top: "score" '
+        "convolution_param { num_output: 4 kernel_size: 3 pad: 1 "
+        "weight_filler { type: 'gaussian' std: 0.1 } } }\n"
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" '
+        'top: "loss" }\n'
+    )
+    solver = caffe2jax.get_solver(
+        f'net_param {{ {net} }} base_lr: 0.1 lr_policy: "fixed" max_iter: 3 '
+        "solver_mode: CPU random_seed: 1 snapshot_after_train: false"
+    )
+    before = np.array(solver.net.params["score"][0].data)
+    solver.step(3)
+    assert np.isfinite(solver.net.blobs["loss"].data)
+    assert solver.net.blobs["label"].data.shape == (2, 1, 4, 6)
+    assert set(np.unique(solver.net.blobs["label"].data)) <= {0, 1, 2, 3}
+    assert not np.array_equal(before, solver.net.params["score"][0].data)

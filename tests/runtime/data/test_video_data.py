@@ -206,3 +206,35 @@ def test_ssd_video_data_is_refused_at_compile_time_in_one_line(tmp_path, capsys)
     (tmp_path / "net.prototxt").write_text(SSD_VIDEO)
     assert main(["summary", str(tmp_path / "net.prototxt")]) == 0
     assert "(not every shape: " in capsys.readouterr().out  # listed, with the reason
+
+
+def test_a_3d_net_trains_on_video_data(tmp_path):
+    """Training input: a solver steps a tiny C3D-style net (Convolution3D, Pooling3D) fed by
+    VideoData with random crops and mirrors."""
+    write_videos(tmp_path, count=3, frames=6)
+    (tmp_path / "clips.txt").write_text("v0 1 0\nv1 2 1\nv2 1 2\n")
+    net = (
+        f'layer {{ name: "data" type: "VideoData" top: "data" top: "label" transform_param {{ '
+        f"crop_size: 5 mirror: true mean_value: 128 scale: 0.01 }} video_data_param {{ "
+        f'source: "{tmp_path}/clips.txt" root_folder: "{tmp_path}/" batch_size: 2 '
+        "new_length: 4 use_image: true shuffle: true } }\n"
+        'layer { name: "conv" type: "Convolution3D" bottom: "data" top: "conv" '
+        "convolution3d_param { num_output: 4 kernel_size: 3 kernel_depth: 3 pad: 1 "
+        "temporal_pad: 1 weight_filler { type: 'gaussian' std: 0.1 } } }\n"
+        'layer { name: "pool" type: "Pooling3D" bottom: "conv" top: "pool" '
+        "pooling3d_param { pool: MAX kernel_size: 2 kernel_depth: 2 stride: 2 "
+        "temporal_stride: 2 } }\n"
+        'layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" '
+        "inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } }\n"
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" '
+        'top: "loss" }\n'
+    )
+    solver = caffe2jax.get_solver(
+        f'net_param {{ {net} }} base_lr: 0.1 lr_policy: "fixed" max_iter: 3 '
+        "solver_mode: CPU random_seed: 1 snapshot_after_train: false"
+    )
+    before = np.array(solver.net.params["conv"][0].data)
+    solver.step(3)
+    assert solver.iter == 3 and np.isfinite(solver.net.blobs["loss"].data)
+    assert solver.net.blobs["data"].data.shape == (2, 3, 4, 5, 5)
+    assert not np.array_equal(before, solver.net.params["conv"][0].data)
