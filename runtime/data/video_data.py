@@ -20,9 +20,10 @@ being ``mean_file``'s (1, 3, L, H, W) value at the pixel's source position or
 ``mean_value[c]``. C3D v1.0's mean file is a v1.0 (5-D) BlobProto.
 
 Not reproduced: C3D skips a clip it cannot read in TRAIN (here: an error naming the frame, as
-C3D's TEST phase does); video files (``use_image: false``, read by C3D through OpenCV's
-``VideoCapture``) are refused with a one-line error: extract their frames first. Draws are
-hashed from the reader's key and the clip's position, not Caffe's RNG stream.
+C3D's TEST phase does). Video files (``use_image: false``: ``file start_frame label``
+lines, or ``file label`` with temporal jitter, whose start is then drawn in both phases) are
+read through OpenCV's ``VideoCapture`` (:mod:`.video_file`). Draws are hashed from the
+reader's key and the clip's position, not Caffe's RNG stream.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from caffe2jax.runtime.data.files import resolve_input
 from caffe2jax.runtime.data.image import read_image
 from caffe2jax.runtime.data.pair_list import PairListSource
 from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.video_file import read_video_clip
 from caffe2jax.runtime.formats.blobproto import Scanner, WireError, read_blob
 
 _F = np.float32
@@ -152,12 +154,6 @@ class VideoDataSource(PairListSource):
             raise DataError(
                 f"{where}: number of labels must be set together with use multiple labels"
             )
-        if not p.use_image:
-            raise DataError(
-                f"{where}: reading video files (use_image: false) is not "
-                "supported; extract the frames to folders of %06d.jpg images "
-                "and set use_image: true"
-            )
         if self.v10 and t.mirror and not t.crop_size:
             raise DataError(
                 f"{where}: C3D v1.0 requires mirror and crop_size to be set at the same time"
@@ -195,11 +191,14 @@ class VideoDataSource(PairListSource):
                 f"needs frames larger than crop_size {self.crop} ({h}×{w})"
             )
 
-    def _frames(self, clip: Clip, position: np.ndarray) -> range:
-        """The frame numbers of ``clip`` at ``position`` (its start and sampling rate)."""
-        rate = int(self.p.sampling_rate)
+    def _rate(self, position: np.ndarray) -> int:
+        """``sampling_rate``, or ``Rand(max_sampling_rate) + 1`` with its jitter."""
         if self.p.use_sampling_rate_jitter:
-            rate = int(uniform_ints(self.key, position, 4, int(self.p.max_sampling_rate))[0]) + 1
+            return int(uniform_ints(self.key, position, 4, int(self.p.max_sampling_rate))[0]) + 1
+        return int(self.p.sampling_rate)
+
+    def _frames(self, clip: Clip, position: np.ndarray, rate: int) -> range:
+        """The frame numbers of a frame folder's clip at ``position``."""
         start = int(clip.start)
         if self.jitter:
             count, need = start, self.length * rate
@@ -216,16 +215,25 @@ class VideoDataSource(PairListSource):
         return range(start, start + self.length * rate, rate)
 
     def _read(self, clip: Clip, position: np.ndarray) -> np.ndarray:
-        """A clip as uint8 (3, L, H, W), frame by frame."""
-        h, w = self.size
+        """A clip as uint8 (3, L, H, W), frame by frame (a frame folder or a video file)."""
+        (h, w), rate = self.size, self._rate(position)
+        where = f"{self.list_path}:{clip.line}"
+        if not self.p.use_image:
+            path = resolve_input(self.root + clip.path, self.base_dir, f"{where}: video")
+            start = None if self.jitter else int(clip.start)
+
+            def draw(bound: int) -> int:
+                return int(uniform_ints(self.key, position, 3, bound)[0])
+
+            return read_video_clip(path, start, self.length, rate, (h, w), draw, where)
         frames = []
-        for i in self._frames(clip, position):
+        for i in self._frames(clip, position, rate):
             name = f"{self.root}{clip.path}/{i:06d}.jpg"
-            where = f"{self.list_path}:{clip.line}: frame"
-            frame = read_image(resolve_input(name, self.base_dir, where), height=h, width=w)
+            frame = read_image(resolve_input(name, self.base_dir, f"{where}: frame"),
+                               height=h, width=w)  # fmt: skip
             if frames and frame.shape != frames[0].shape:
                 raise DataError(
-                    f"{where} {name} is {frame.shape[1]}×{frame.shape[2]}, the "
+                    f"{where}: frame {name} is {frame.shape[1]}×{frame.shape[2]}, the "
                     f"clip's first {frames[0].shape[1]}×{frames[0].shape[2]}"
                 )
             frames.append(frame)

@@ -95,6 +95,40 @@ def test_sampling_rate_and_temporal_jitter(tmp_path):
     np.testing.assert_array_equal(data[0], videos[0][:, start : start + 3].astype(np.float32))
 
 
+def write_avi(path, frames=10, size=(16, 24)):
+    """An MJPG AVI of random frames; returns the frames OpenCV decodes from it, (3, F, H, W)."""
+    cv2 = pytest.importorskip("cv2")
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 25, size[::-1])
+    for _ in range(frames):
+        writer.write(RNG.integers(0, 256, (*size, 3), dtype=np.uint8))
+    writer.release()
+    cap, decoded = cv2.VideoCapture(str(path)), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        decoded.append(frame.transpose(2, 0, 1))
+    cap.release()
+    return np.stack(decoded, axis=1)
+
+
+def test_video_files_are_read_through_opencv(tmp_path):
+    frames = write_avi(tmp_path / "a.avi")
+    assert frames.shape == (3, 10, 16, 24)
+    text = video(tmp_path, ["a.avi 2 3"], 1, "use_image: false sampling_rate: 2")
+    data, label = make_source(text, "TEST").next_batch()
+    np.testing.assert_array_equal(data[0], frames[:, [2, 4, 6]].astype(np.float32))
+    assert label.tolist() == [3]
+    # temporal jitter: "file label" lines, the start drawn as Rand(count − L·rate + 1)
+    text = video(tmp_path, ["a.avi 3"], 1, "use_image: false use_temporal_jitter: true")
+    source = make_source(text, "TEST")
+    data, _ = source.next_batch()
+    start = int(uniform_ints(source.key, np.array([0]), 3, 10 - 3 + 1)[0])
+    np.testing.assert_array_equal(data[0], frames[:, start : start + 3].astype(np.float32))
+    with pytest.raises(DataError, match=r"clips.txt:1: .*a.avi has 10 frames, a clip needs 12"):
+        make_source(video(tmp_path, ["a.avi 0 3"], 1, "use_image: false", length=12), "TEST")
+
+
 def test_multiple_labels_are_multi_hot(tmp_path):
     write_videos(tmp_path, count=2)
     param = "use_multiple_label: true num_of_labels: 5"
@@ -149,7 +183,7 @@ def test_the_same_bytes_with_workers_and_on_resume(tmp_path, workers):
     (["v0 x 1"], "", r"clips.txt:1: expected 'folder start_frame label'"),
     (["v0 5 1"], "", r"clips.txt:1: frame not found: .*v0/000007.jpg"),
     (["v0 6 1"], "use_temporal_jitter: true", r"clips.txt:1: v0 has 6 frames, a clip needs 9"),
-    (["v0 1 1"], "use_image: false", "reading video files \\(use_image: false\\) is not"),
+    (["nope.avi 1 1"], "use_image: false", r"clips.txt:1: video not found: .*nope.avi"),
     (["v0 1 1"], "use_multiple_label: true", "number of labels must be set together"),
     (["v0 1 7"], "use_multiple_label: true num_of_labels: 3", r"labels \[7\] outside 0..2"),
     (["v0 1 1"], "new_height: 4", "new_height and new_width must be set at the same time"),
