@@ -107,10 +107,18 @@ def _video_data(layer):
     return _from_source(layer)
 
 
+def _image_seg_data(layer):
+    """DeepLab's ImageSegData: v2 has an optional third top (data_dim), DeepLab v1 two tops."""
+    if layer.form == "deeplab-v1" and len(layer.tops) != 2:
+        raise fail(layer, f"DeepLab v1's IMAGE_SEG_DATA produces 2 tops, got {len(layer.tops)}")
+    return _from_source(layer)
+
+
 PIPELINE_TYPES = data_layers("pipeline")
+_SOURCES = {"VideoData": _video_data, "ImageSegData": _image_seg_data}
 
 for _type in PIPELINE_TYPES:
-    _fn = _video_data if _type == "VideoData" else _from_source
+    _fn = _SOURCES.get(_type, _from_source)
     register(_type, counts=DATA_LAYERS[_type].counts, source=True)(_fn)
 
 

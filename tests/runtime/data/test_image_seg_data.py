@@ -185,3 +185,15 @@ def test_deeplab_v1_net_reads_image_seg_data_in_its_form(tmp_path):
     want[:, :6, :8] = labels[0]
     np.testing.assert_array_equal(net.blobs["label"].data[0], want)
     assert net.blobs["conv"].data.shape == (1, 2, 9, 9)
+
+
+def test_deeplab_v1_image_seg_data_with_three_tops_is_refused_at_compile_time():
+    from caffe2jax.frontend.errors import NetError
+    from caffe2jax.lowering.model import compile as compile_net
+
+    text = (
+        'layers { name: "data" type: IMAGE_SEG_DATA top: "data" top: "label" top: "dim" '
+        'image_data_param { source: "l.txt" batch_size: 1 } }'
+    )
+    with pytest.raises(NetError, match="IMAGE_SEG_DATA produces 2 tops, got 3"):
+        compile_net(text, input_shapes={"data": (1, 3, 4, 4), "label": (1, 1, 4, 4)})
