@@ -3,6 +3,8 @@
 from caffe2jax.lowering import (  # noqa: F401
     common,
     data,
+    detection,
+    detection_output,
     loss,
     memory_loss,
     neuron,
