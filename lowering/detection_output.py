@@ -142,7 +142,8 @@ def detection_output(layer, params, bottoms, ctx):
     boxes = decode_boxes(priors[0], priors[1], loc, s["code"], s["encoded"])
     scores = conf.reshape(n, p, s["classes"]).transpose(0, 2, 1)
     rows, keep = jax.vmap(lambda i, b, c: _image_rows(i, b, c, s))(jnp.arange(n), boxes, scores)
-    per_image = s["classes"] * s["top_k"]
+    targets = s["classes"] - (0 <= s["background"] < s["classes"])
+    per_image = max(targets, 1) * s["top_k"]
     if s["keep_top_k"] > -1:
         per_image = min(per_image, s["keep_top_k"])
     size = max(n * per_image, n)
