@@ -12,6 +12,7 @@ from caffe2jax.lowering import (  # noqa: F401
     pooling,
     python_layer,
     recurrent,
+    roi,
     shape,
     vision,
 )

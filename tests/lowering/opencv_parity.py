@@ -42,9 +42,12 @@ def input_layer(shapes: dict[str, tuple[int, ...]]) -> str:
     return f'layer {{ name: "input" type: "Input" {tops} input_param {{ {dims} }} }}\n'
 
 
-def check_fd(text: str, inputs: dict, top: str, wrt_params: bool = True, eps: float = 1e-6):
+def check_fd(
+    text: str, inputs: dict, top: str, wrt_params: bool = True, eps: float = 1e-6, fixed=()
+):
     """Reverse-mode gradients of sum(w · top) against central finite differences, float64,
-    with respect to the inputs and (``wrt_params``) the layers' params."""
+    with respect to the inputs (except those named in ``fixed``) and (``wrt_params``) the
+    layers' params."""
     import jax
     from jax.test_util import check_grads
 
@@ -53,12 +56,13 @@ def check_fd(text: str, inputs: dict, top: str, wrt_params: bool = True, eps: fl
     with jax.enable_x64(True):
         model = caffe2jax.compile(text, dtype=np.float64)
         params, state = model.init(0)
-        xs = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
-        shape = model.apply(params, state, xs)[0][top].shape
+        xs = {k: np.asarray(v, np.float64) for k, v in inputs.items() if k not in fixed}
+        const = {k: np.asarray(v, np.float64) for k, v in inputs.items() if k in fixed}
+        shape = model.apply(params, state, {**xs, **const})[0][top].shape
         w = np.random.default_rng(7).normal(size=shape)
 
         def f(x, p):
-            return (model.apply(p, state, x)[0][top] * w).sum()
+            return (model.apply(p, state, {**x, **const})[0][top] * w).sum()
 
         if wrt_params:
             check_grads(f, (xs, params), order=1, modes=["rev"], eps=eps)
