@@ -10,6 +10,7 @@ from caffe2jax.lowering import (  # noqa: F401
     neuron,
     normalization,
     pooling,
+    proposal,
     python_layer,
     recurrent,
     roi,

@@ -12,16 +12,21 @@ from caffe2jax.runtime.formats.weights import save_weights
 cv2 = pytest.importorskip("cv2")
 
 
-def both(tmp_path, text: str, inputs: dict, outputs: list[str], phase: str = "TEST", seed=0):
+def both(tmp_path, text: str, inputs: dict, outputs: list[str], phase="TEST", seed=0, cv_text=None):
     """(ours, theirs): dicts of the named blobs from caffe2jax and from OpenCV (OpenCV
-    names outputs by layer: each output blob must be the top of a layer of the same name)."""
+    names outputs by layer: each output blob must be the top of a layer of the same name).
+    ``cv_text``: the net as OpenCV spells it, where its types differ (no weights there)."""
     proto = tmp_path / "net.prototxt"
     proto.write_text(text)
     model = caffe2jax.compile(proto, phase=phase)
     params, state = model.init(seed)
     weights = save_weights(tmp_path / "net.caffemodel", model, params, state)
     blobs = model.apply(params, state, {k: np.asarray(v) for k, v in inputs.items()})[0]
-    net = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
+    if cv_text is None:
+        net = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
+    else:
+        (tmp_path / "cv.prototxt").write_text(cv_text)
+        net = cv2.dnn.readNetFromCaffe(str(tmp_path / "cv.prototxt"))
     for name, value in inputs.items():
         net.setInput(np.ascontiguousarray(value, np.float32), name)
     theirs = net.forward(outputs)
