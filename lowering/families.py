@@ -16,4 +16,5 @@ from caffe2jax.lowering import (  # noqa: F401
     roi,
     shape,
     vision,
+    yolo,
 )

@@ -78,3 +78,19 @@ def compact(rows: jax.Array, keep: jax.Array, size: int, fill: jax.Array) -> jax
     target = jnp.where(keep & (pos < size), pos, size)
     out = jnp.broadcast_to(fill, (size + 1, rows.shape[-1])).astype(rows.dtype)
     return out.at[target].set(rows, mode="drop")[:size]
+
+
+def greedy_keep_rows(boxes, valid, threshold: float, iou_row, strict: bool = False):
+    """Greedy NMS as :func:`greedy_keep` with each IoU row computed when its candidate comes
+    up (``iou_row(box, boxes) -> (M,)``): O(M) memory for long candidate lists. ``strict``:
+    a candidate is suppressed when IoU ≥ threshold (the YOLO forks' ApplyNms; a NaN IoU then
+    suppresses nothing), else when IoU > threshold."""
+    m = valid.shape[-1]
+
+    def step(i, keep):
+        row = iou_row(boxes[i], boxes)
+        hit = (row >= threshold) if strict else ~(row <= threshold)
+        k = valid[i] & ~jnp.any(keep & hit)
+        return keep.at[i].set(k)
+
+    return lax.fori_loop(0, m, step, jnp.zeros_like(valid))
