@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.nms import compact, greedy_keep, iou_matrix, ranked
+from caffe2jax.lowering.nms import compact, greedy_keep_rows, iou_row_plus_one, ranked
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.util import fail
 
@@ -135,7 +135,7 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx):
     valid = (ws >= min_size * info[2]) & (hs >= min_size * info[2])
     order, valid = ranked(fg, valid, min(pre, fg.shape[0]))
     cand = boxes[order]
-    keep = greedy_keep(iou_matrix(cand, plus_one=True), valid, thresh)
+    keep = greedy_keep_rows(cand, valid, thresh, iou_row_plus_one)  # O(pre-NMS N) memory
     size = min(post, order.shape[0])
     rows = jnp.concatenate([jnp.zeros_like(cand[:, :1]), cand, fg[order][:, None]], axis=1)
     out = compact(rows, keep, size, jnp.zeros((6,), rows.dtype))
