@@ -92,3 +92,52 @@ def test_detect_refuses_a_net_without_detection_output():
 
 def test_detection_is_exported():
     assert caffe2jax.Detection is Detection and caffe2jax.detect is detect
+
+
+TINY_RCNN = """
+name: "tiny_rcnn"
+layer { name: "input" type: "Input" top: "data" top: "im_info"
+  input_param { shape { dim: 1 dim: 3 dim: 64 dim: 64 } shape { dim: 1 dim: 3 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 8 kernel_size: 16 stride: 16
+    weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "rpn_cls" type: "Convolution" bottom: "conv" top: "rpn_cls"
+  convolution_param { num_output: 18 kernel_size: 1 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "rpn_bbox_pred" type: "Convolution" bottom: "conv" top: "rpn_bbox_pred"
+  convolution_param { num_output: 36 kernel_size: 1
+    weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "rpn_cls_reshape" type: "Reshape" bottom: "rpn_cls" top: "rpn_cls_reshape"
+  reshape_param { shape { dim: 0 dim: 2 dim: -1 dim: 0 } } }
+layer { name: "rpn_cls_prob" type: "Softmax" bottom: "rpn_cls_reshape" top: "rpn_cls_prob" }
+layer { name: "rpn_cls_prob_reshape" type: "Reshape" bottom: "rpn_cls_prob"
+  top: "rpn_cls_prob_reshape" reshape_param { shape { dim: 0 dim: 18 dim: -1 dim: 0 } } }
+layer { name: "proposal" type: "Python" bottom: "rpn_cls_prob_reshape" bottom: "rpn_bbox_pred"
+  bottom: "im_info" top: "rois"
+  python_param { module: "rpn.proposal_layer" layer: "ProposalLayer"
+    param_str: "'feat_stride': 16" } }
+layer { name: "pool" type: "ROIPooling" bottom: "conv" bottom: "rois" top: "pool"
+  roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 0.0625 } }
+layer { name: "cls_score" type: "InnerProduct" bottom: "pool" top: "cls_score"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "cls_prob" type: "Softmax" bottom: "cls_score" top: "cls_prob" }
+layer { name: "bbox_pred" type: "InnerProduct" bottom: "pool" top: "bbox_pred"
+  inner_product_param { num_output: 12 weight_filler { type: "gaussian" std: 0.01 } } }
+"""
+
+
+def test_detect_runs_a_faster_rcnn_net_as_py_faster_rcnn_test():
+    """An im_info net: the image is scaled so its shorter side is 600 (longer ≤ 1000), the net
+    reshaped to it, im_info filled, and the outputs decoded by from_rcnn in the image's
+    pixels."""
+    model = caffe2jax.compile(TINY_RCNN)
+    params, state = model.init(0)
+    image = _image(h=100, w=150)  # scale 6 → 600 × 900
+    found = detect(model, params, state, image, mean=(102.98, 115.95, 122.77))
+    big = model.reshape({"data": (1, 3, 600, 900)})
+    blob = cv2.resize(image, (900, 600)).astype(np.float32) - np.float32([102.98, 115.95, 122.77])
+    inputs = {"data": blob.transpose(2, 0, 1)[None], "im_info": np.float32([[600, 900, 6.0]])}
+    blobs = big.apply(params, state, inputs)[0]
+    want = from_rcnn(blobs["rois"], blobs["cls_prob"], blobs["bbox_pred"], 6.0, 150, 100)
+    assert found == want and len(found) > 3
+    assert all(d.label in (1, 2) and d.score > 0.05 for d in found)
+    assert all(0 <= d.xmin <= d.xmax <= 149 and 0 <= d.ymin <= d.ymax <= 99 for d in found)
