@@ -38,6 +38,8 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "set_mode_gpu": ("caffe2jax.pycaffe.mode", "set_mode_gpu"),
     "set_random_seed": ("caffe2jax.pycaffe.mode", "set_random_seed"),
     "Net": ("caffe2jax.pycaffe.net", "Net"),
+    "Detection": ("caffe2jax.runtime.detections", "Detection"),
+    "detect": ("caffe2jax.runtime.detections", "detect"),
     "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
     "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
     **{

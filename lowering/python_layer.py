@@ -27,6 +27,7 @@ Registering the same (module, layer) again replaces the earlier function.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,32 @@ def register_python_layer(
         return fn
 
     return wrap
+
+
+#: Python layers of the forks' models that caffe2jax implements itself (py-faster-rcnn's
+#: rpn.proposal_layer.ProposalLayer): (module, layer) -> a lowering ``fn(layer, params,
+#: bottoms, ctx) -> tops``. They run only when no function is registered for the layer and
+#: its module is not importable from sys.path (a user's own module wins, as in Caffe).
+_BUILTIN: dict[tuple[str, str], Callable] = {}
+
+
+def register_builtin_python_layer(module: str, layer: str, fn: Callable) -> None:
+    """Make ``fn`` caffe2jax's own implementation of the fork Python layer ``module.layer``."""
+    _BUILTIN[(module, layer)] = fn
+
+
+def _builtin(layer: ir.Layer) -> Callable | None:
+    """caffe2jax's own implementation of ``layer``'s Python class, when it has one and the
+    user's sys.path has no such module."""
+    p = layer.param.python_param
+    fn = _BUILTIN.get((p.module, p.layer))
+    if fn is None:
+        return None
+    try:
+        found = importlib.util.find_spec(p.module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else fn
 
 
 def unregister_python_layer(module: str, layer: str) -> None:
@@ -205,6 +232,9 @@ def python_layer(layer, params, bottoms, ctx):
     one (the fast path), else the class ``module.layer`` run through host callbacks."""
     entry = _registered(layer)
     if entry is None:
+        builtin = _builtin(layer)
+        if builtin is not None:
+            return builtin(layer, params, bottoms, ctx)
         return _class_style(layer, python_class.lower, params, bottoms, ctx)
     param_str = layer.param.python_param.param_str
     if entry.backward is None:
@@ -216,6 +246,8 @@ def python_layer(layer, params, bottoms, ctx):
 def _(layer, bottom_shapes):
     entry = _registered(layer)
     if entry is None:
+        if _builtin(layer) is not None:
+            return []
         return _class_style(layer, python_class.declare, bottom_shapes)
     if entry.param_shapes is None:
         return []

@@ -5,6 +5,7 @@ COMMANDS: list[str] = [
     "compute_image_mean",
     "convert_imageset",
     "convert_weights",
+    "detect",
     "device_query",
     "draw",
     "export",

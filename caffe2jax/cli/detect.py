@@ -1,0 +1,74 @@
+"""`caffe2jax detect NET WEIGHTS IMAGE...`: one line per detection.
+
+Each line: ``IMAGE LABEL NAME SCORE XMIN YMIN XMAX YMAX`` (box corners in the image's pixels;
+NAME is the label's line of ``--labels`` or the label number). The net is an SSD / YOLO
+deploy net (DetectionOutput, YoloDetectionOutput, Yolov3DetectionOutput) or a Faster R-CNN /
+R-FCN test net (``im_info`` input; decoded as py-faster-rcnn's test.py does); see
+:mod:`caffe2jax.runtime.detections`. The image is resized to the net's input and fed as
+``(pixel − mean) · scale`` in BGR order (``--rgb`` swaps to RGB), as OpenCV's
+``blobFromImage(image, scale, size, mean, swapRB)`` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from caffe2jax.cli.summary import add_dialect
+from caffe2jax.frontend.errors import DataError
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("detect", help="print the detections of a detector net on images")
+    p.add_argument("model", help="deploy net prototxt (SSD, YOLO, Faster R-CNN, R-FCN)")
+    p.add_argument("weights", help=".caffemodel or .caffemodel.h5")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--mean", default="0,0,0", metavar="B,G,R",
+                   help="per-channel mean subtracted (one value or three; default 0)")  # fmt: skip
+    p.add_argument("--scale", type=float, default=1.0, help="multiplier after the mean")
+    p.add_argument("--rgb", action="store_true", help="feed channels as RGB (default BGR)")
+    p.add_argument("--threshold", type=float, default=0.0, help="lowest score printed")
+    p.add_argument("--labels", metavar="FILE", help="class names, one per line, label 0 first")
+    add_dialect(p, "the fork numbering WEIGHTS was written with (default: from the prototxt)")
+    p.set_defaults(func=run)
+
+
+def _mean(text: str) -> tuple[float, float, float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise DataError(f"--mean must be numbers separated by commas, got {text!r}") from None
+    if len(values) not in (1, 3):
+        raise DataError(f"--mean takes one value or three (B,G,R), got {len(values)}")
+    return tuple(values * 3 if len(values) == 1 else values)
+
+
+def _read(path: str) -> np.ndarray:
+    import cv2
+
+    if not Path(path).is_file():
+        raise DataError(f"{path}: could not open or find file")
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise DataError(f"{path}: not an image OpenCV can decode")
+    return image
+
+
+def run(args: argparse.Namespace) -> int:
+    import caffe2jax
+    from caffe2jax.runtime.detections import detect
+
+    mean = _mean(args.mean)
+    names = Path(args.labels).read_text().splitlines() if args.labels else None
+    images = [_read(path) for path in args.images]  # every file checked before compiling
+    model = caffe2jax.compile(args.model, phase="TEST")
+    params, state = caffe2jax.load_weights(args.weights, model, dialect=args.dialect)
+    for path, image in zip(args.images, images):
+        found = detect(model, params, state, image, mean=mean, scale=args.scale,
+                       swap_rb=args.rgb, threshold=args.threshold, names=names)  # fmt: skip
+        for d in found:
+            print(f"{path} {d.label} {d.name or d.label} {d.score:.4f} {d.xmin:.1f} "
+                  f"{d.ymin:.1f} {d.xmax:.1f} {d.ymax:.1f}")  # fmt: skip
+    return 0
