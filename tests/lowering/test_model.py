@@ -11,6 +11,7 @@ from caffe2jax.frontend.errors import DataError, NetError
 from caffe2jax.lowering.python_layer import register_python_layer, unregister_python_layer
 from caffe2jax.lowering.registry import registered_types
 from tests.golden import GOLDEN, ROOT, load_npz
+from tests.lowering.sweep_forks import FORK_SWEEP
 
 LAYERS = GOLDEN / "layers"
 
@@ -60,6 +61,7 @@ EXTRA = {
 def sweep_cases() -> dict[str, str]:
     cases = golden_prototxt_by_type()
     cases.update(EXTRA)
+    cases.update(FORK_SWEEP)
     return cases
 
 

@@ -1,0 +1,58 @@
+"""Sweep nets (tests/lowering/test_model.py) for the forks' layer types: the smallest net
+that compiles and runs each one with ones for inputs."""
+
+from __future__ import annotations
+
+
+def _input(name: str, *dims: int) -> str:
+    shape = " ".join(f"dim: {d}" for d in dims)
+    return (
+        f'layer {{ name: "{name}" type: "Input" top: "{name}" '
+        f"input_param {{ shape {{ {shape} }} }} }}\n"
+    )
+
+
+_V2_BIASES = " ".join(
+    f"biases: {b}" for b in (1.08, 1.19, 3.42, 4.41, 6.63, 11.38, 9.42, 5.11, 16.62, 10.52)
+)
+_V3_BIASES = " ".join(f"biases: {b}" for b in (10, 14, 23, 27, 37, 58, 81, 82, 135, 169, 344, 319))
+
+FORK_SWEEP = {
+    "Normalize": _input("x", 1, 4, 3, 3)
+    + 'layer { name: "n" type: "Normalize" bottom: "x" top: "y" '
+    "norm_param { across_spatial: false channel_shared: false } }",
+    "Permute": _input("x", 1, 4, 3, 2) + 'layer { name: "p" type: "Permute" bottom: "x" top: "y" '
+    "permute_param { order: 0 order: 2 order: 3 order: 1 } }",
+    "PriorBox": _input("f", 1, 4, 3, 3)
+    + _input("img", 1, 3, 30, 30)
+    + 'layer { name: "p" type: "PriorBox" bottom: "f" bottom: "img" top: "y" '
+    "prior_box_param { min_size: 10 max_size: 20 aspect_ratio: 2 flip: true clip: true "
+    "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 } }",
+    "DetectionOutput": _input("loc", 1, 27 * 4)
+    + _input("conf", 1, 27 * 3)
+    + _input("prior", 1, 2, 27 * 4)
+    + 'layer { name: "d" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
+    'top: "y" detection_output_param { num_classes: 3 share_location: true '
+    "background_label_id: 0 nms_param { nms_threshold: 0.45 top_k: 20 } keep_top_k: 10 "
+    "code_type: CENTER_SIZE confidence_threshold: 0.01 } }",
+    "ROIPooling": _input("f", 1, 4, 8, 8)
+    + _input("rois", 2, 5)
+    + 'layer { name: "r" type: "ROIPooling" bottom: "f" bottom: "rois" top: "y" '
+    "roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 } }",
+    "PSROIPooling": _input("f", 1, 8, 8, 8)
+    + _input("rois", 2, 5)
+    + 'layer { name: "r" type: "PSROIPooling" bottom: "f" bottom: "rois" top: "y" '
+    "psroi_pooling_param { spatial_scale: 0.5 output_dim: 2 group_size: 2 } }",
+    "Reorg": _input("x", 1, 4, 4, 4)
+    + 'layer { name: "r" type: "Reorg" bottom: "x" top: "y" reorg_param { stride: 2 } }',
+    "YoloDetectionOutput": _input("x", 1, 5 * (5 + 3), 4, 4)
+    + 'layer { name: "d" type: "YoloDetectionOutput" bottom: "x" top: "y" '
+    f"yolo_detection_output_param {{ num_classes: 3 confidence_threshold: 0.3 "
+    f"nms_threshold: 0.45 {_V2_BIASES} }} }}",
+    "Yolov3DetectionOutput": _input("a", 1, 3 * (5 + 2), 2, 2)
+    + _input("b", 1, 3 * (5 + 2), 4, 4)
+    + 'layer { name: "d" type: "Yolov3DetectionOutput" bottom: "a" bottom: "b" top: "y" '
+    f"yolov3_detection_output_param {{ num_classes: 2 confidence_threshold: 0.3 "
+    f"nms_threshold: 0.45 {_V3_BIASES} mask: 3 mask: 4 mask: 5 mask: 0 mask: 1 mask: 2 "
+    "anchors_scale: 32 anchors_scale: 16 mask_group_num: 2 } }",
+}
