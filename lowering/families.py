@@ -3,6 +3,10 @@
 from caffe2jax.lowering import (  # noqa: F401
     common,
     data,
+    fork_bn,
+    fork_channels,
+    fork_neuron,
+    fork_resample,
     loss,
     memory_loss,
     neuron,
