@@ -62,7 +62,7 @@ def _unpool_forward(x: jax.Array, index: jax.Array, size: int) -> jax.Array:
     """Planes (M, K) of x scattered to (M, size) at ``index`` (int, last writer wins)."""
     m, k = x.shape
     rows = jnp.arange(m)[:, None]
-    order = jnp.broadcast_to(jnp.arange(k), (m, k))
+    order = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (m, k))
     bad = jnp.any((index < 0) | (index >= size), axis=1, keepdims=True)
     safe = jnp.clip(index, 0, size - 1)
     winner = jnp.full((m, size), -1, jnp.int32).at[rows, safe].max(order)
