@@ -89,7 +89,7 @@ def fd_check(
         model = compile_net(text, phase=phase, dtype=jnp.float64)
         p0, state = model.init(0)
         for name, blobs in (weights or {}).items():
-            p0[name] = [jnp.asarray(b, jnp.float64) for b in blobs]
+            p0[name] = [None if b is None else jnp.asarray(b, jnp.float64) for b in blobs]
         const = {k: jnp.asarray(v, jnp.float64) for k, v in (fixed or {}).items()}
         x0 = {k: jnp.asarray(v, jnp.float64) for k, v in inputs.items()}
         shape = model.apply(p0, state, {**x0, **const}, jax.random.key(0))[0][top].shape
