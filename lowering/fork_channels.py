@@ -111,29 +111,35 @@ def depthwise(layer: ir.Layer, shape: Shape) -> ir.Layer:
     return dataclasses.replace(layer, param=param)
 
 
-def _register_depthwise(type_name: str) -> None:
+def depthwise_convolution(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
+    """ConvolutionDepthwise / DepthwiseConvolution: Convolution with group = input channels."""
     conv = vision.convolution
+    return conv.fn(depthwise(layer, tuple(bottoms[0].shape)), params, bottoms, ctx)
 
-    @register(type_name, counts=(1, None, 1, None), equal_bottom_top=True)
-    def lowering(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
-        return conv.fn(depthwise(layer, tuple(bottoms[0].shape)), params, bottoms, ctx)
 
-    lowering.__doc__ = f"{type_name}: Convolution with group = input channels."
+def _decls(layer: ir.Layer, bottom_shapes) -> list[ParamDecl]:
+    conv = vision.convolution
+    return conv.declare(depthwise(layer, tuple(bottom_shapes[0])), bottom_shapes)
 
-    @lowering.param_shapes
-    def _(layer: ir.Layer, bottom_shapes) -> list[ParamDecl]:
-        return conv.declare(depthwise(layer, tuple(bottom_shapes[0])), bottom_shapes)
 
-    @lowering.nhwc(when=lambda layer, shapes: conv.has_nhwc(layer, shapes), starts=True)
-    def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
-        shape = nchw(bottoms[0].shape)
-        return conv.nhwc_fn(depthwise(layer, shape), params, bottoms, ctx)
+def _eligible(layer: ir.Layer, shapes) -> bool:
+    return vision.convolution.has_nhwc(layer, shapes)
 
-    @lowering.engine
-    def _(layer: ir.Layer, bottom_shapes, planning: Planning):
-        return conv.choose_engine(depthwise(layer, tuple(bottom_shapes[0])), bottom_shapes,
-                                  planning)  # fmt: skip
+
+def _nhwc(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
+    conv = vision.convolution
+    return conv.nhwc_fn(depthwise(layer, nchw(bottoms[0].shape)), params, bottoms, ctx)
+
+
+def _engine(layer: ir.Layer, bottom_shapes, planning: Planning):
+    grouped = depthwise(layer, tuple(bottom_shapes[0]))
+    return vision.convolution.choose_engine(grouped, bottom_shapes, planning)
 
 
 for _type in ("ConvolutionDepthwise", "DepthwiseConvolution"):
-    _register_depthwise(_type)
+    _lowering = register(_type, counts=(1, None, 1, None), equal_bottom_top=True)(
+        depthwise_convolution
+    )
+    _lowering.param_shapes(_decls)
+    _lowering.nhwc(_nhwc, when=_eligible, starts=True)
+    _lowering.engine(_engine)

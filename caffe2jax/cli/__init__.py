@@ -10,6 +10,7 @@ COMMANDS: list[str] = [
     "export",
     "plot",
     "rl",
+    "segment",
     "summary",
     "test",
     "time",
