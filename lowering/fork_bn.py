@@ -38,38 +38,50 @@ def _channels(layer: ir.Layer, shape: Shape) -> int:
     return shape[1]
 
 
-def _column(v: jax.Array) -> jax.Array:
-    return v.reshape(1, -1, 1, 1)
+# the (N, H, W) axes and the per-channel shape of a bottom: NCHW, or channels-last (NHWC)
+_AXES = {False: ((0, 2, 3), (1, -1, 1, 1)), True: ((0, 1, 2), (1, 1, 1, -1))}
 
 
 @register("BN", counts=(1, 1, 1, 3), stateful=True)
 def bn(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
     """The fork BN layer of ``layer.form`` (see the module docstring)."""
+    return _bn(layer, params, bottoms[0], ctx, nhwc=False)
+
+
+@bn.nhwc(when=lambda layer, shapes: len(layer.tops) == 1)
+def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
+    """The same on a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
+    return _bn(layer, params, bottoms[0], ctx, nhwc=True)
+
+
+def _bn(layer: ir.Layer, params: Arrays, x: jax.Array, ctx: Context, nhwc: bool):
     if layer.form == "pspnet":
         if len(layer.tops) != 1:
             raise fail(layer, f"PSPNet's BN has one top, got {len(layer.tops)}")
-        return _pspnet(layer, params, bottoms[0], ctx)
-    return _segnet(layer, params, bottoms[0]), []
+        return _pspnet(layer, params, x, ctx, nhwc)
+    return _segnet(layer, params, x, nhwc), []
 
 
-def _segnet(layer: ir.Layer, params: Arrays, x: jax.Array) -> list[jax.Array]:
-    scale, shift = (_column(p) for p in params)
+def _segnet(layer: ir.Layer, params: Arrays, x: jax.Array, nhwc: bool) -> list[jax.Array]:
+    axes, column = _AXES[nhwc]
+    scale, shift = (p.reshape(column) for p in params)
     if layer.param.bn_param.bn_mode != LEARN:
         if len(layer.tops) != 1:
             raise fail(layer, "bn_mode INFERENCE has one top (no batch statistics)")
         return [scale * x + shift]
-    mean = jnp.mean(x, axis=(0, 2, 3), keepdims=True)
-    var = jnp.mean(jnp.square(x), axis=(0, 2, 3), keepdims=True) - jnp.square(mean)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x), axis=axes, keepdims=True) - jnp.square(mean)
     y = scale * (x - mean) / jnp.sqrt(var + SEGNET_EPS) + shift
     return [y, mean, var][: len(layer.tops)]
 
 
-def _pspnet(layer: ir.Layer, params: Arrays, x: jax.Array, ctx: Context):
+def _pspnet(layer: ir.Layer, params: Arrays, x: jax.Array, ctx: Context, nhwc: bool):
     p = layer.param.bn_param
-    slope, bias, mean, var = (_column(b) for b in params)
+    axes, column = _AXES[nhwc]
+    slope, bias, mean, var = (b.reshape(column) for b in params)
     if ctx.train and not p.frozen:
-        batch_mean = jnp.mean(x, axis=(0, 2, 3), keepdims=True)
-        batch_var = jnp.mean(jnp.square(x - batch_mean), axis=(0, 2, 3), keepdims=True)
+        batch_mean = jnp.mean(x, axis=axes, keepdims=True)
+        batch_var = jnp.mean(jnp.square(x - batch_mean), axis=axes, keepdims=True)
         m = p.momentum
         new_state = [
             (m * mean + (1 - m) * batch_mean).reshape(params[2].shape),

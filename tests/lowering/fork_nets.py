@@ -100,3 +100,26 @@ def fd_check(
             return jnp.sum(blobs[0][top] * c)
 
         check_grads(f, (x0, p0), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+CONV = (
+    'layer { name: "c" type: "Convolution" bottom: "x" top: "c" '
+    "convolution_param { num_output: %d kernel_size: 1 } }\n"
+)
+
+
+def channels_last_agrees(layer: str, shape: tuple[int, ...], tops=("y",)) -> None:
+    """``layer`` (reading blob "c") after a 1×1 convolution of "x" runs channels-last under
+    the channels-last policy (lowering/layout.py) and gives the plain run's tops."""
+    from caffe2jax.lowering import layout
+    from caffe2jax.lowering.engines.policy import EnginePolicy
+
+    text = net(CONV % shape[1] + layer, {"x": shape})
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    plain = ours(text, {"x": x})
+    model = compile_net(text, policy=EnginePolicy(channels_last=True))
+    assert "y" in layout.plan(model.net), "the layer did not take its channels-last form"
+    params, state = model.init(0)
+    blobs, _ = model.apply(params, state, {"x": jnp.asarray(x)}, jax.random.key(0))
+    for top in tops:
+        np.testing.assert_allclose(np.asarray(blobs[top]), plain[top], rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.fork_nets import fd_check, net
+from tests.lowering.fork_nets import channels_last_agrees, fd_check, net
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) * 2 + 1
@@ -113,3 +113,9 @@ def test_bn_finite_differences(text, blobs, phase):
     """(PSPNet's running statistics, state, stay as initialised: zeros.)"""
     weights = {"bn": [None if b is None else np.asarray(b, np.float64) for b in blobs]}
     fd_check(text, {"x": X.astype(np.float64)}, "y", weights=weights, phase=phase)
+
+
+@pytest.mark.parametrize("param", ["bn_mode: LEARN", "bn_mode: INFERENCE", "frozen: true"])
+def test_bn_channels_last(param):
+    layer = f'layer {{ name: "y" type: "BN" bottom: "c" top: "y" bn_param {{ {param} }} }}'
+    channels_last_agrees(layer, (2, 3, 4, 5))

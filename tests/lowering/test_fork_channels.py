@@ -11,7 +11,7 @@ import pytest
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.fork_nets import fd_check, max_rel, net, opencv, ours
+from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 6, 5, 5)).astype(np.float32)
@@ -109,3 +109,14 @@ def test_axpy_refuses_a_wrong_scale_and_runs_channels_last():
     params["c"] = [jax.numpy.asarray(W.repeat(6, 1)), jax.numpy.asarray(B)]
     out = model.apply(params, state, feed)[0]
     np.testing.assert_allclose(np.asarray(out["o"]), plain["o"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        '"ShuffleChannel" shuffle_channel_param { group: 3 }',
+        '"DepthwiseConvolution" ' + CONV.format(n=6, s=2, extra=""),
+    ],
+)
+def test_channels_last(layer):
+    channels_last_agrees(f'layer {{ name: "y" type: {layer} bottom: "c" top: "y" }}', X.shape)

@@ -11,7 +11,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.fork_nets import fd_check, max_rel, net, opencv, ours
+from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 RNG = np.random.default_rng(0)
 X = (RNG.standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
@@ -115,3 +115,8 @@ def test_dropout_sample_weights_test():
     assert np.all((y == 0) | np.isclose(y, X / 0.75)) and np.any(y == 0)
     y = ours(_one(DROPOUT % "sample_weights_test: false"), {"x": X})["y"]
     np.testing.assert_array_equal(y, X)
+
+
+@pytest.mark.parametrize("kind", ['"ReLU6"', '"Mish"'])
+def test_channels_last(kind):
+    channels_last_agrees(f'layer {{ name: "y" type: {kind} bottom: "c" top: "y" }}', X.shape)

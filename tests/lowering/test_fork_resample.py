@@ -11,7 +11,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.fork_nets import fd_check, max_rel, net, opencv, ours
+from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 X4 = np.array([[1, 5, 2, 0], [3, 4, 8, 7], [9, 0, 1, 2], [6, 2, 3, 4]], np.float32)
 UNPOOL = """
@@ -179,3 +179,16 @@ def test_interp_refusals_and_deeplab_v1_rule():
         compile_net(text)
     ok = compile_net(text.replace(" shrink_factor: 2", ""))
     assert ok.net.layers[-1].form == "deeplab-v1"
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        '"Interp" interp_param { zoom_factor: 2 pad_beg: -1 }',
+        '"Interp" interp_param { height: 3 width: 7 }',
+        '"Upsample" upsample_param { scale: 2 }',
+    ],
+)
+def test_channels_last(layer):
+    text = f'layer {{ name: "y" type: {layer} bottom: "c" top: "y" }}'
+    channels_last_agrees(text, (2, 3, 4, 5))
