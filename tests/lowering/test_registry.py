@@ -100,7 +100,7 @@ def test_channels_last_forms_are_registered_on_their_lowering():
     """The types with a channels-last form, each registered in its family file."""
     with_nhwc = {t for t in registered_types() if lowering_of(t).nhwc_fn is not None}
     forks = {"ConvolutionDepthwise", "DepthwiseConvolution", "ShuffleChannel", "Axpy", "ReLU6",
-             "Mish", "Upsample", "Interp"}  # fmt: skip
+             "Mish", "Upsample", "Interp", "BN"}  # fmt: skip
     assert with_nhwc == {"Convolution", "Pooling", "LRN", "ReLU", "Concat", "Eltwise"} | forks
     starts = sorted(t for t in with_nhwc if lowering_of(t).nhwc_starts)
     assert starts == ["Convolution", "ConvolutionDepthwise", "DepthwiseConvolution"]
