@@ -204,9 +204,11 @@ def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
     """
     x = lax.stop_gradient(x)
     h, w = x.shape[2:]
-    index = jnp.broadcast_to(jnp.arange(h * w, dtype=x.dtype).reshape(1, 1, h, w), x.shape)
+    # at least float32: a bfloat16 mask (precision "bf16") would round indices above 256
+    kind = jnp.promote_types(x.dtype, jnp.float32)
+    index = jnp.broadcast_to(jnp.arange(h * w, dtype=kind).reshape(1, 1, h, w), x.shape)
     best = jnp.full(x.shape[:2] + spec.out, -_FLT_MAX, x.dtype)
-    arg = jnp.full(best.shape, -1, x.dtype)
+    arg = jnp.full(best.shape, -1, kind)
     for value, where in zip(offset_slices(x, spec, -jnp.inf), offset_slices(index, spec, -1)):
         take = value > best
         best = jnp.where(take, value, best)

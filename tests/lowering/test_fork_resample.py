@@ -192,3 +192,19 @@ def test_interp_refusals_and_deeplab_v1_rule():
 def test_channels_last(layer):
     text = f'layer {{ name: "y" type: {layer} bottom: "c" top: "y" }}'
     channels_last_agrees(text, (2, 3, 4, 5))
+
+
+def test_max_unpool_under_bf16_keeps_exact_indices():
+    """The mask top stays float32 when Pooling computes in bfloat16 (precision "bf16"), whose
+    8-bit mantissa would round indices above 256 and misplace values silently."""
+    text = net(UNPOOL % "scale: 2", {"x": (1, 1, 32, 32)})
+    x = np.random.default_rng(4).permutation(1024).astype(np.float32).reshape(1, 1, 32, 32)
+    model = compile_net(text, precision="bf16")
+    p, s = model.init(0)
+    blobs = model.apply(p, s, {"x": jnp.asarray(x)})[0]
+    assert blobs["mask"].dtype == jnp.float32
+    rounded = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)  # what bf16 pooling sees
+    fp32 = ours(text, {"x": rounded})
+    assert fp32["mask"].max() > 900  # indices bfloat16 could not hold exactly
+    np.testing.assert_array_equal(blobs["mask"], fp32["mask"])
+    np.testing.assert_array_equal(np.asarray(blobs["up"], np.float32), fp32["up"])
