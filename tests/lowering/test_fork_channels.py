@@ -120,3 +120,17 @@ def test_axpy_refuses_a_wrong_scale_and_runs_channels_last():
 )
 def test_channels_last(layer):
     channels_last_agrees(f'layer {{ name: "y" type: {layer} bottom: "c" top: "y" }}', X.shape)
+
+
+def test_axpy_follows_senet_where_opencv_swaps_x_and_y():
+    """SENet's axpy_layer: F = a·X + Y with X = bottom 1, Y = bottom 2. OpenCV 4.14 imports
+    Axpy as a Scale of bottom 2 plus bottom 1 (a·Y + X), so it cannot serve as the reference:
+    this records the disagreement (an OpenCV that changes it fails here, to be looked at)."""
+    a = RNG.standard_normal((1, 6, 1, 1)).astype(np.float32)
+    x, y = (RNG.standard_normal((1, 6, 5, 5)).astype(np.float32) for _ in range(2))
+    pool = ('layer { name: "g" type: "Pooling" bottom: "s" top: "g" '
+            "pooling_param { pool: AVE global_pooling: true } }\n")  # fmt: skip
+    text = net(pool + AXPY.replace('"a"', '"g"'), {"s": x.shape, "x": x.shape, "y": y.shape})
+    feed = {"s": a * np.ones_like(x), "x": x, "y": y}
+    assert max_rel(ours(text, feed)["o"], a * x + y) < 1e-6
+    assert max_rel(opencv(text, feed, ["o"])["o"][0], a * y + x) < 1e-6
