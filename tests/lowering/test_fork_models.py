@@ -113,3 +113,36 @@ def test_forward_with_random_weights_is_finite(name):
     for layer in model.net.layers[-2:]:
         for top in layer.top_names:
             assert bool(jnp.all(jnp.isfinite(blobs[top]))), (name, layer.name)
+
+
+MIXED = """
+layer { name: "c1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+layer { name: "s1" type: "ShuffleChannel" bottom: "c1" top: "s1"
+        shuffle_channel_param { group: 2 } }
+layer { name: "d1" type: "ConvolutionDepthwise" bottom: "s1" top: "d1"
+        convolution_param { num_output: 6 kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "r1" type: "ReLU6" bottom: "d1" top: "r1" }
+layer { name: "p1" type: "Pooling" bottom: "r1" top: "p1"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 ceil_mode: true } }
+layer { name: "i1" type: "Interp" bottom: "p1" top: "i1" interp_param { zoom_factor: 3 } }
+"""
+
+
+def test_a_net_of_the_fork_layers_opencv_has_agrees_with_it():
+    """Convolution → ShuffleChannel → ConvolutionDepthwise → ReLU6 → ceil_mode MAX pooling →
+    Interp, one net run by both with the same weights. (Not Mish: it makes the net a
+    darknet2caffe one, whose 3×3/2 pooling has an extra row and column.)"""
+    from tests.lowering.fork_nets import max_rel, net, opencv, ours
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 13, 11)).astype(np.float32)
+    weights = {
+        "c1": [rng.standard_normal((6, 3, 3, 3)).astype(np.float32), np.zeros(6, np.float32)],
+        "d1": [rng.standard_normal((6, 1, 3, 3)).astype(np.float32), np.ones(6, np.float32)],
+    }
+    text = net(MIXED, {"x": x.shape})
+    mine = ours(text, {"x": x}, weights)
+    theirs = opencv(text, {"x": x}, ["p1", "i1"], weights)
+    assert max_rel(mine["p1"], theirs["p1"][0]) < 1e-4
+    assert max_rel(mine["i1"], theirs["i1"][0]) < 1e-4
