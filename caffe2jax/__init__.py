@@ -42,6 +42,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "detect": ("caffe2jax.runtime.detections", "detect"),
     "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
     "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
+    "label_map": ("caffe2jax.runtime.segment", "label_map"),
     **{
         name: ("caffe2jax.pycaffe.solver", name)
         for name in (

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.fork_loss import segnet_softmax_loss
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import canonical_axis, count, fail
 
@@ -120,6 +121,8 @@ def softmax_with_loss(layer, params, bottoms, ctx):
     x, label = bottoms
     _check_first_dim(layer, x, label)
     axis = canonical_axis(layer, layer.param.softmax_param.axis, x.ndim)
+    if layer.form == "segnet":  # SegNet / ENet: class weighting, `normalize` default true
+        return segnet_softmax_loss(layer, x, label, axis)
     z, lab = _class_view(layer, x, label, axis)
     picked = _pick(jax.nn.log_softmax(z, axis=1), lab)
     # The value is Caffe's clamped −log(max(p, FLT_MIN)); the gradient stays p − onehot, as

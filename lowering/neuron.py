@@ -208,14 +208,19 @@ def dropout(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> l
     (a Bernoulli mask from this layer's key) and scaled by ``1/(1 − dropout_ratio)``; the
     backward applies the same mask and scale. TEST is the identity.
 
-    BVLC's caffe.proto has no ``scale_train`` (a fork's option), so the scale is always
-    applied in TRAIN. Ratios outside [0, 1) are refused (1 would scale by infinity).
+    The forks' forms (``layer.form``, frontend/forms.py): ``scale_train`` (Faster R-CNN) with
+    ``scale_train: false`` keeps the mask unscaled in TRAIN and multiplies by
+    ``1 − dropout_ratio`` in TEST; ``sample_test`` (SegNet/ENet) with ``sample_weights_test:
+    true`` drops in TEST as in TRAIN (Bayesian SegNet's sampling). Ratios outside [0, 1) are
+    refused (1 would scale by infinity).
     """
     (x,) = bottoms
-    ratio = layer.param.dropout_param.dropout_ratio
+    p = layer.param.dropout_param
+    ratio = p.dropout_ratio
     if not 0 <= ratio < 1:
         raise fail(layer, f"dropout_ratio must be in [0, 1), got {ratio}")
-    if not ctx.train:
-        return [x]
+    unscaled = layer.form == "scale_train" and not p.scale_train
+    if not (ctx.train or (layer.form == "sample_test" and p.sample_weights_test)):
+        return [x * (1.0 - ratio) if unscaled else x]
     keep = jax.random.bernoulli(ctx.key(), 1.0 - ratio, x.shape)
-    return [jnp.where(keep, x * (1.0 / (1.0 - ratio)), jnp.zeros_like(x))]
+    return [jnp.where(keep, x if unscaled else x * (1.0 / (1.0 - ratio)), jnp.zeros_like(x))]

@@ -122,7 +122,27 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
     stride = _pair(layer, p, "stride", p.stride)
     if p.global_pooling and (any(pad) or stride != (1, 1)):
         raise fail(layer, "with global_pooling only pad = 0 and stride = 1 are allowed")
-    return make_spec(layer, p.pool, hw, kernel, stride, pad, p.round_mode == P.CEIL)
+    spec = make_spec(layer, p.pool, hw, kernel, stride, pad, p.round_mode == P.CEIL)
+    if layer.form != "darknet2caffe":
+        return spec
+    return darknet_extra(spec, hw, p.round_mode == P.CEIL)
+
+
+def darknet_extra(spec: PoolSpec, hw: tuple[int, int], ceil: bool) -> PoolSpec:
+    """darknet2caffe's pooling_layer.cpp (form ``darknet2caffe``): one more output row AND
+    column when ``kernel_h − stride_h`` is odd (C++ ``%``: positive differences only), added
+    before Caffe's last-window clip; windows past the input are clipped as usual (yolov3-tiny's
+    2×2 stride-1 max pool keeps 13×13)."""
+    gap = spec.kernel[0] - spec.stride[0]
+    if gap <= 0 or gap % 2 != 1:
+        return spec
+    padded = any(spec.pad)
+    out = []
+    for n, k, s, p in zip(hw, spec.kernel, spec.stride, spec.pad):
+        span = n + 2 * p - k
+        size = (-(-span // s) if ceil else span // s) + 2
+        out.append(size - 1 if padded and (size - 1) * s >= n + p else size)
+    return PoolSpec(spec.method, spec.kernel, spec.stride, spec.pad, tuple(out))  # type: ignore[arg-type]
 
 
 # -- the computations -------------------------------------------------------------------------
@@ -184,9 +204,11 @@ def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
     """
     x = lax.stop_gradient(x)
     h, w = x.shape[2:]
-    index = jnp.broadcast_to(jnp.arange(h * w, dtype=x.dtype).reshape(1, 1, h, w), x.shape)
+    # at least float32: a bfloat16 mask (precision "bf16") would round indices above 256
+    kind = jnp.promote_types(x.dtype, jnp.float32)
+    index = jnp.broadcast_to(jnp.arange(h * w, dtype=kind).reshape(1, 1, h, w), x.shape)
     best = jnp.full(x.shape[:2] + spec.out, -_FLT_MAX, x.dtype)
-    arg = jnp.full(best.shape, -1, x.dtype)
+    arg = jnp.full(best.shape, -1, kind)
     for value, where in zip(offset_slices(x, spec, -jnp.inf), offset_slices(index, spec, -1)):
         take = value > best
         best = jnp.where(take, value, best)

@@ -11,6 +11,7 @@ COMMANDS: list[str] = [
     "export",
     "plot",
     "rl",
+    "segment",
     "summary",
     "test",
     "time",

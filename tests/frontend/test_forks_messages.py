@@ -39,15 +39,15 @@ def test_unknown_v1_type_names_the_forks_read():
 @pytest.mark.parametrize(
     ("layer", "expected"),
     [
-        ('type: "Interp" interp_param { zoom_factor: 2 }',
-         "the Interp layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
+        ('type: "DenseCRF" dense_crf_param { max_iter: 5 }',
+         "the DenseCRF layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
         ('type: "MultiBoxLoss"', "a training layer of SSD (weiliu89/caffe@4817bf8"),
         ('type: "CtcLoss"', "a training layer of CRNN (yalecyu/crnn.caffe@0d95ba2), not supp"),
         ('type: "BoxAnnotatorOHEM" box_annotator_ohem_param { roi_per_img: 128 }',
          "a training layer of R-FCN (Microsoft/caffe@1a2be8e), not supported yet"),
         ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
-        ('type: "BN" bn_param { frozen: true }', "the BN layer of PSPNet (hszhao/PSPNet"),
-        ('type: "ShuffleChannel"', "the ShuffleChannel layer of ShuffleNet"),
+        ('type: "DomainTransform"', "the DomainTransform layer of DeepLab v2"),
+        ('type: "UniqueLabel"', "the UniqueLabel layer of DeepLab v2"),
     ],
 )  # fmt: skip
 def test_unsupported_fork_types_fail_at_compile_time_naming_the_fork(layer, expected):

@@ -55,4 +55,28 @@ FORK_SWEEP = {
     f"yolov3_detection_output_param {{ num_classes: 2 confidence_threshold: 0.3 "
     f"nms_threshold: 0.45 {_V3_BIASES} mask: 3 mask: 4 mask: 5 mask: 0 mask: 1 mask: 2 "
     "anchors_scale: 32 anchors_scale: 16 mask_group_num: 2 } }",
+    "BN": _input("x", 2, 3, 4, 4) + 'layer { name: "b" type: "BN" bottom: "x" top: "y" '
+    'bn_param { bn_mode: LEARN scale_filler { type: "constant" value: 1 } } }',
+    "Upsample": _input("x", 1, 2, 4, 4)
+    + 'layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "mask" '
+    "pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n"
+    + 'layer { name: "u" type: "Upsample" bottom: "p" bottom: "mask" top: "y" '
+    "upsample_param { scale: 2 } }",
+    "Interp": _input("x", 1, 2, 3, 4)
+    + 'layer { name: "i" type: "Interp" bottom: "x" top: "y" interp_param { zoom_factor: 2 } }',
+    "ShuffleChannel": _input("x", 1, 6, 2, 2)
+    + 'layer { name: "s" type: "ShuffleChannel" bottom: "x" top: "y" '
+    "shuffle_channel_param { group: 3 } }",
+    "ConvolutionDepthwise": _input("x", 1, 4, 5, 5)
+    + 'layer { name: "c" type: "ConvolutionDepthwise" bottom: "x" top: "y" '
+    "convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }",
+    "DepthwiseConvolution": _input("x", 1, 4, 5, 5)
+    + 'layer { name: "c" type: "DepthwiseConvolution" bottom: "x" top: "y" '
+    "convolution_param { num_output: 4 group: 4 kernel_size: 3 pad: 1 } }",
+    "Axpy": _input("a", 1, 3, 1, 1)
+    + _input("x", 1, 3, 4, 4)
+    + _input("b", 1, 3, 4, 4)
+    + 'layer { name: "p" type: "Axpy" bottom: "a" bottom: "x" bottom: "b" top: "y" }',
+    "ReLU6": _input("x", 2, 3) + 'layer { name: "r" type: "ReLU6" bottom: "x" top: "y" }',
+    "Mish": _input("x", 2, 3) + 'layer { name: "m" type: "Mish" bottom: "x" top: "y" }',
 }

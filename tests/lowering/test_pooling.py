@@ -18,6 +18,7 @@ from caffe2jax.lowering import pooling
 from caffe2jax.lowering.engines.policy import POOL_ENV, EnginePolicy, PolicyError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.registry import Context
+from tests.lowering.fork_nets import max_rel, net, opencv, ours
 from tests.lowering.nets import net_text, run
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -273,3 +274,51 @@ def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
         compile_net(net_text("Pooling", [x.shape], "pooling_param { pool: MAX kernel_size: 2 }"))
     with pytest.raises(PolicyError, match="CAFFE2JAX_POOL='fast': use auto, phases or xla"):
         EnginePolicy.from_env()
+
+
+# -- the forks' forms: ceil_mode (upgraded to round_mode), darknet2caffe's extra row/column --
+
+FORK_POOL = (
+    'layer {{ name: "y" type: "Pooling" bottom: "x" top: "y" {tops} pooling_param {{ {p} }} }}'
+)
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        "pool: MAX kernel_size: 3 stride: 2 ceil_mode: true",
+        "pool: MAX kernel_size: 3 stride: 2 ceil_mode: false",
+        "pool: AVE kernel_size: 3 stride: 2 pad: 1 ceil_mode: false",
+        "pool: AVE kernel_size: 2 stride: 2 ceil_mode: true",
+        "pool: MAX kernel_size: 3 stride: 2 pad: 1",
+    ],
+)
+def test_ceil_mode_and_mask_match_opencv(param):
+    x = RNG.standard_normal((2, 3, 8, 7)).astype(np.float32)
+    tops = 'top: "m"' if "MAX" in param else ""
+    text = net(FORK_POOL.format(tops=tops, p=param), {"x": x.shape})
+    mine, theirs = ours(text, {"x": x}), opencv(text, {"x": x}, ["y"])["y"]
+    assert max_rel(mine["y"], theirs[0]) < 1e-4
+    if tops:  # the mask top: h·W + w of the input plane, as Caffe and OpenCV write it
+        np.testing.assert_array_equal(mine["m"], theirs[1])
+
+
+def test_darknet2caffe_form_adds_a_row_and_a_column():
+    """darknet2caffe (chosen here by the Mish layer): (kernel − stride) odd → one more output
+    row and column, windows clipped (yolov3-tiny's 2×2 stride-1 max pool keeps 3×3 at 3×3)."""
+    pool = FORK_POOL.format(tops="", p="pool: MAX kernel_size: 2 stride: 1")
+    text = net(
+        pool + '\nlayer { name: "m" type: "Mish" bottom: "y" top: "m" }', {"x": (1, 1, 3, 3)}
+    )
+    model = compile_net(text)
+    assert model.net.layers[1].form == "darknet2caffe"
+    x = np.array([[1, 5, 2], [3, 4, 8], [9, 0, 1]], np.float32)[None, None]
+    np.testing.assert_array_equal(
+        ours(text, {"x": x})["y"][0, 0], [[5, 8, 8], [9, 8, 8], [9, 1, 1]]
+    )
+    bvlc = net(pool, {"x": (1, 1, 3, 3)})
+    assert ours(bvlc, {"x": x})["y"].shape == (1, 1, 2, 2)
+    mish = '\nlayer { name: "m" type: "Mish" bottom: "y" top: "m" }'
+    even = net(FORK_POOL.format(tops="", p="pool: MAX kernel_size: 2 stride: 2") + mish,
+               {"x": (1, 1, 4, 4)})  # fmt: skip
+    assert ours(even, {"x": np.ones((1, 1, 4, 4))})["y"].shape == (1, 1, 2, 2)

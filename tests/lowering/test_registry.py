@@ -99,8 +99,11 @@ def test_loss_layers_refuse_force_backward_into_labels():
 def test_channels_last_forms_are_registered_on_their_lowering():
     """The types with a channels-last form, each registered in its family file."""
     with_nhwc = {t for t in registered_types() if lowering_of(t).nhwc_fn is not None}
-    assert with_nhwc == {"Convolution", "Pooling", "LRN", "ReLU", "Concat", "Eltwise"}
-    assert [t for t in with_nhwc if lowering_of(t).nhwc_starts] == ["Convolution"]
+    forks = {"ConvolutionDepthwise", "DepthwiseConvolution", "ShuffleChannel", "Axpy", "ReLU6",
+             "Mish", "Upsample", "Interp", "BN"}  # fmt: skip
+    assert with_nhwc == {"Convolution", "Pooling", "LRN", "ReLU", "Concat", "Eltwise"} | forks
+    starts = sorted(t for t in with_nhwc if lowering_of(t).nhwc_starts)
+    assert starts == ["Convolution", "ConvolutionDepthwise", "DepthwiseConvolution"]
     relu = lowering_of("ReLU")
     assert relu.nhwc_fn is relu.fn  # element by element: the same function in any layout
     with pytest.raises(ValueError, match="'ReLU' has two channels-last forms"):
@@ -145,7 +148,8 @@ def test_channels_last_eligibility(type_name, text, shapes, tops, eligible):
 
 def test_engine_rules_are_registered_for_the_layers_with_forms():
     with_rule = {t for t in registered_types() if lowering_of(t)._engine is not None}
-    assert with_rule == {"Convolution", "Pooling", "SPP"}
+    assert with_rule == {"Convolution", "Pooling", "SPP", "ConvolutionDepthwise",
+                         "DepthwiseConvolution"}  # fmt: skip
     assert lowering_of("ReLU").choose_engine(None, [], None) is None
 
 

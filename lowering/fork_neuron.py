@@ -1,0 +1,121 @@
+"""The forks' elementwise layers: ReLU6 (eric612), Mish (darknet2caffe) and ENet's
+SpatialDropout Python layer as a built-in.
+
+* ReLU6 (relu6_layer.cpp, ``relu6_param`` a ReLUParameter): ``y = min(max(x, 0) +
+  negative_slope·min(x, 0), 6)``; its backward passes ``dy`` on ``0 < x < 6``,
+  ``negative_slope·dy`` on ``x ≤ 0`` and nothing on ``x ≥ 6``: the ``jnp.where`` below tests
+  the same predicates, so autodiff takes the fork's branch at the kinks.
+* Mish (mish_layer.cpp): ``y = x·tanh(softplus(x))``, softplus thresholded as the fork does
+  (``x`` above 20, ``exp(x)`` below −20, else ``log(exp(x) + 1)``).
+* SpatialDropout (caffe-enet python/spatial_dropout.py, ``python_param`` module
+  ``spatial_dropout``, layer ``SpatialDropoutLayer``): the phase is the ``'phase'`` of its
+  ``param_str`` (not the net's). ``'TRAIN'``: each (sample, channel) plane is kept with
+  probability ``1 − p`` and scaled by ``1/(1 − p)``. Any other phase: ``y = x/(1 − p)`` (the
+  fork scales at TEST too). A user's own ``register_python_layer('spatial_dropout', ...)``
+  replaces this one.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.python_layer import register_python_layer
+from caffe2jax.lowering.registry import Context, register
+
+Arrays = Sequence[jax.Array]
+
+
+def _relu6_slope(layer: ir.Layer) -> float:
+    p = layer.param
+    return (
+        p.relu6_param.negative_slope if p.HasField("relu6_param") else p.relu_param.negative_slope
+    )
+
+
+@register("ReLU6", counts=(1, 1, 1, 1))
+def relu6(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """ReLU6Layer: the ReLU (with its negative slope) clipped at 6."""
+    (x,) = bottoms
+    slope = _relu6_slope(layer)
+    negative = x * slope if slope else jnp.zeros_like(x)
+    six = jnp.full_like(x, 6.0)
+    return [jnp.where(x > 0, jnp.where(x < 6, x, six), negative)]
+
+
+relu6.nhwc(relu6.fn)  # element by element
+
+
+def softplus(x: jax.Array) -> jax.Array:
+    """darknet2caffe's thresholded softplus (threshold 20)."""
+    big, small = x > 20, x < -20
+    middle = jnp.where(big | small, jnp.zeros_like(x), x)
+    return jnp.where(
+        big, x, jnp.where(small, jnp.exp(jnp.minimum(x, 0)), jnp.log(jnp.exp(middle) + 1))
+    )
+
+
+@register("Mish", counts=(1, 1, 1, 1))
+def mish(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """MishLayer: ``x·tanh(softplus(x))``."""
+    (x,) = bottoms
+    return [x * jnp.tanh(softplus(x))]
+
+
+mish.nhwc(mish.fn)  # element by element
+
+
+def spatial_dropout_args(param_str: str, where: str = "") -> tuple[str, float]:
+    """(phase, p) of the layer's ``param_str``, a Python dict literal as the fork evals it."""
+    try:
+        args = ast.literal_eval(param_str)
+        phase, p = str(args["phase"]), float(args["p"])
+    except (ValueError, SyntaxError, KeyError, TypeError) as err:
+        raise NetError(
+            f"{where}SpatialDropout's param_str must be a dict with 'phase' and 'p', got "
+            f"{param_str!r} "
+            f"({type(err).__name__})"
+        ) from None
+    if not 0 < p < 1:
+        raise NetError(f"{where}SpatialDropout's p must be between 0 and 1, got {p}")
+    return phase, p
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _channel_drop(x: jax.Array, keep: jax.Array, scale: float) -> jax.Array:
+    return x * keep * scale
+
+
+def _channel_drop_fwd(x, keep, scale):
+    return x * keep * scale, keep
+
+
+def _channel_drop_bwd(scale, res, dy):
+    # custom_vjp because the fork's backward uses ``self.vec_w``, the mask forward drew for
+    # the *last* sample, for every sample's diff (the true gradient uses each sample's own).
+    keep = res
+    return dy * keep[-1:] * scale, jnp.zeros_like(keep)
+
+
+_channel_drop.defvjp(_channel_drop_fwd, _channel_drop_bwd)
+
+
+@register_python_layer("spatial_dropout", "SpatialDropoutLayer")
+def spatial_dropout(bottoms: list, params: list, param_str: str, ctx) -> list[jax.Array]:
+    """ENet's SpatialDropoutLayer (module docstring)."""
+    where = f"layer '{ctx.layer_name}' (Python spatial_dropout.SpatialDropoutLayer): "
+    if len(bottoms) != 1:
+        raise NetError(f"{where}SpatialDropout takes one bottom, got {len(bottoms)}")
+    (x,) = bottoms
+    phase, p = spatial_dropout_args(param_str, where)
+    scale = 1.0 / (1.0 - p)
+    if phase != "TRAIN":
+        return [x * jnp.asarray(scale, x.dtype)]
+    keep = jax.random.bernoulli(ctx.key(), 1.0 - p, x.shape[:2] + (1,) * (x.ndim - 2))
+    return [_channel_drop(x, keep.astype(x.dtype), scale)]
