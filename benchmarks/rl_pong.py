@@ -18,6 +18,10 @@ next episode when its last one ends), the same per-episode sticky-action generat
   forward (float32) per step, the episode's backward when it ends (from the stored hidden
   activations), gradients summed, RMSProp every ``batch`` episodes.
 
+NumPy's matrix products run on one OpenBLAS thread (``OPENBLAS_NUM_THREADS=1``, set here unless
+given): on the shared 2-core machine its default two spinning threads, competing with the
+emulator threads, made the same loop several times slower (docs/performance.md).
+
 The batch is max(10, emulators) episodes. Frames are the emulator frames of the batch's
 episodes (agent steps × 4); an emulator that idles at the end of a batch is not counted. The
 "emulators alone" rows step the same emulators with random actions and nothing else: the
@@ -27,19 +31,22 @@ ratio caffe2jax / NumPy per emulator count.
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import time
-from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads OpenBLAS
 
-from caffe2jax.runtime.rl import PolicyGradientTrainer, ale_loop
-from caffe2jax.runtime.rl.ale_env import AleEnvs, sticky_generator
-from caffe2jax.runtime.rl.pixels import BACKGROUND
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from caffe2jax.runtime.rl import PolicyGradientTrainer, ale_loop  # noqa: E402
+from caffe2jax.runtime.rl.ale_env import AleEnvs, sticky_generator  # noqa: E402
+from caffe2jax.runtime.rl.pixels import BACKGROUND  # noqa: E402
 
 SOLVER = Path(__file__).resolve().parents[1] / "examples" / "rl" / "pong_karpathy_solver.prototxt"
 FRAMESKIP = 4
@@ -200,8 +207,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="timed batches per row")
     args = ap.parse_args()
     cpu = platform.processor() or platform.machine()
-    print(f"# {os.cpu_count()} CPUs ({cpu}), load average {os.getloadavg()[0]:.1f}, "
-          f"JAX {jax.__version__} on {jax.devices()[0].platform}")  # fmt: skip
+    print(f"# {os.cpu_count()} CPUs ({cpu}), load average {os.getloadavg()[0]:.1f}, JAX "
+          f"{jax.__version__} on {jax.devices()[0].platform}, OPENBLAS_NUM_THREADS="
+          f"{os.environ['OPENBLAS_NUM_THREADS']}")  # fmt: skip
     print(
         "| emulators | batch | emulators alone (frames/s) | caffe2jax (frames/s) | caffe2jax, no "
         "overlap | NumPy pg-pong (frames/s) | caffe2jax / NumPy |"

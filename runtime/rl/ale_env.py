@@ -31,6 +31,7 @@ snapshot needs only the seed and the episode counter to resume the emulators exa
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,7 @@ def _vector_env(s: AleSettings, n: int) -> Any:
         noop_max=0, use_fire_reset=False, reward_clipping=False, episodic_life=False,
         frameskip=frameskip, repeat_action_probability=0.0,
         max_num_frames_per_episode=s.max_frames, autoreset_mode="SameStep",
-        num_threads=min(s.threads or n, n),
+        num_threads=min(s.threads or os.cpu_count() or 1, n),
     )  # fmt: skip
 
 

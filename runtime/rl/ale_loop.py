@@ -213,10 +213,11 @@ class _Runner:
         stop = ended | ((horizon > 0) & (book.length[sl] >= horizon))
         done = lanes[(book.episode[sl] >= 0) & stop]
         if len(done):
-            mask = np.isin(lanes, done)
             self._begin(done)
-            red = np.where(mask[:, None, None], self.envs.reset(g, mask), red)
-            self._show(g)
+            mask = np.isin(lanes, done) & (book.episode[sl] >= 0)  # idle lanes: no reset
+            if mask.any():
+                red = np.where(mask[:, None, None], self.envs.reset(g, mask), red)
+                self._show(g)
         if not (book.episode[sl] >= 0).any():
             return False
         self.dispatch(g, red)

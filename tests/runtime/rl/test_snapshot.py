@@ -110,15 +110,16 @@ def _arrays(ts) -> list[np.ndarray]:
 
 
 def test_cartpole_resumes_exactly(tmp_path):
+    """MyCaffe's Cart-Pole: the lanes' difference memory crosses batches, so it must too."""
     solver = solver_text(net_text(), 'env: "cartpole-mycaffe" batch_size: 3 max_steps: 80')
-    whole = PolicyGradientTrainer(solver, seed=2).run(episodes=12)
-    first = PolicyGradientTrainer(solver, seed=2)
-    part = first.run(episodes=6)
-    write_snapshot(first, part, str(tmp_path / "c"))
-    second = PolicyGradientTrainer(solver, seed=2)
-    resumed = read_snapshot(second, tmp_path / "c_iter_2.solverstate")
+    t = PolicyGradientTrainer(solver, seed=2)
+    whole = t.run(episodes=12)
+    part = t.run(episodes=6)
+    write_snapshot(t, part, str(tmp_path / "c"))
+    resumed = read_snapshot(t, tmp_path / "c_iter_2.solverstate")
     assert resumed.returns == part.returns and resumed.running == part.running
-    rest = second.run(episodes=12, resume=resumed)
+    assert np.asarray(resumed.state.lanes.has_last).all()  # the memory crossed the snapshot
+    rest = t.run(episodes=12, resume=resumed)
     assert rest.returns == whole.returns and rest.running == whole.running
     for a, b in zip(_arrays(whole.state), _arrays(rest.state)):
         np.testing.assert_array_equal(a, b)
