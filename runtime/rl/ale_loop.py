@@ -31,6 +31,7 @@ import numpy as np
 
 from caffe2jax.runtime.rl import pixels, rule
 from caffe2jax.runtime.rl.ale_env import AleEnvs, sticky_generator
+from caffe2jax.runtime.rl.evaluate import greedy_probs
 from caffe2jax.runtime.rl.policy import SIGMOID, RLError
 from caffe2jax.runtime.rl.rollout import Trajectory, explore, sample
 from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState, episode_metrics
@@ -73,8 +74,6 @@ def _act_fn(trainer: PolicyGradientTrainer) -> Any:
         x = pixels.difference(cur, prev, has_prev) if cfg.difference_input else cur
         probs = trainer.policy.forward(params, state, x)[0]
         if greedy:
-            from caffe2jax.runtime.rl.evaluate import greedy_probs
-
             probs = greedy_probs(spec.kind, probs)
         u = jax.random.uniform(key, (n,), jnp.float32)
         action = sample(spec.kind, probs, u)

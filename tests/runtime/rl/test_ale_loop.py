@@ -44,6 +44,14 @@ def test_settings_resolve_to_v5_and_pg_pong(trainer):
     assert trainer.target is None  # Pong: no threshold unless target_return is set
 
 
+def test_gymnasiums_spelling_selects_the_ale_path_too():
+    t = PolicyGradientTrainer(KARPATHY, seed=0, env="gym:ALE/Pong-v5", frameskip=2,
+                              repeat_action_probability=0.0)  # fmt: skip
+    assert t.ale is not None and t.host is None and not t.config.is_gym
+    s = t.config.ale_settings()
+    assert (s.frameskip, s.repeat_action_probability) == (2, 0.0)
+
+
 def test_a_batch_is_reproducible_and_counts_real_steps(trainer):
     ts0 = trainer.init()
     ts1, m1 = trainer.train_batch(ts0)
