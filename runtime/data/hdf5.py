@@ -30,14 +30,8 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, DataError
+from caffe2jax.runtime.data.base import DataSource, check_phase, make_rngs, positive_batch_size
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
-from caffe2jax.runtime.data.sources import (
-    DataSource,
-    check_phase,
-    make_rngs,
-    positive_batch_size,
-    reader_class,
-)
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path
 
@@ -236,4 +230,6 @@ class HDF5OutputSink:
 def make_sink(layer: caffe_pb2.LayerParameter, *, out_dir: Path | None = None) -> HDF5OutputSink:
     """The sink of an HDF5Output layer; a relative ``file_name`` is written under ``out_dir``
     (default: the working directory, as Caffe)."""
+    from caffe2jax.runtime.data.sources import reader_class
+
     return reader_class(layer, "sink")(layer, out_dir=out_dir)
