@@ -16,6 +16,7 @@ try:
 except ImportError as err:  # the [dev] and [atari] extras install it: missing is a failure
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
+from caffe2jax.frontend.parse import read_solver
 from caffe2jax.runtime.rl import ale_loop, pixels, rule
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import Trajectory
@@ -50,6 +51,17 @@ def test_gymnasiums_spelling_selects_the_ale_path_too():
     assert t.ale is not None and t.host is None and not t.config.is_gym
     s = t.config.ale_settings()
     assert (s.frameskip, s.repeat_action_probability) == (2, 0.0)
+
+
+def test_the_fast_pong_solver_is_pg_pong_with_a_ten_times_larger_learning_rate():
+    # docs/rl_pong.md's learning curve comes from this solver
+    fast = read_solver(EXAMPLES / "pong_karpathy_fast_solver.prototxt")
+    slow = read_solver(KARPATHY)
+    assert (fast.base_lr, slow.base_lr) == (pytest.approx(1e-3), pytest.approx(1e-4))
+    for field in ("base_lr", "snapshot", "snapshot_prefix"):
+        fast.ClearField(field)
+        slow.ClearField(field)
+    assert fast == slow
 
 
 def test_a_batch_is_reproducible_and_counts_real_steps(trainer):
