@@ -52,7 +52,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "proto": ("caffe2jax.proto", None),
     "Classifier": ("caffe2jax.pycaffe.classifier", "Classifier"),
     "Detector": ("caffe2jax.pycaffe.detector", "Detector"),
-    "Layer": ("caffe2jax.lowering.python_class", "Layer"),
+    "Layer": ("caffe2jax.lowering.python_blobs", "Layer"),
     "NetSpec": ("caffe2jax.pycaffe.net_spec", "NetSpec"),
     "layers": ("caffe2jax.pycaffe.net_spec", "layers"),
     "params": ("caffe2jax.pycaffe.net_spec", "params"),

@@ -2,8 +2,9 @@
 except DummyData, which Caffe fills in the net itself.
 
 Reproduces the top shapes of Caffe's InputLayer, MemoryDataLayer and DummyDataLayer; Data,
-ImageData, HDF5Data and WindowData learn theirs from their source (the runtime's data pipeline
-reads one record, as Caffe's DataLayerSetUp does).
+ImageData, HDF5Data, WindowData and the forks' DenseImageData, ImageSegData and VideoData learn
+theirs from their source (the runtime's data pipeline reads one record, as Caffe's
+DataLayerSetUp does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
+from caffe2jax.lowering.util import fail
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,15 @@ DATA_LAYERS: dict[str, DataLayer] = {
     "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
     "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
     "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
+    # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
+    "DenseImageData": DataLayer(
+        (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"
+    ),
+    "ImageSegData": DataLayer(
+        (0, 0, 2, 3), "pipeline", _DATA + "image_seg_data:ImageSegDataSource"
+    ),
+    # VideoData: C3D needs both tops (its reader checks), SSD's (refused) has one or two
+    "VideoData": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "video_data:VideoDataSource"),
 }
 
 
@@ -81,10 +92,34 @@ def _from_source(layer):
     return [None] * len(layer.tops)
 
 
+def _video_data(layer):
+    """C3D's VideoData (clips from frame folders, read by the pipeline); SSD's VideoData
+    (form ``ssd``: a webcam or a video file) is refused when the net is compiled."""
+    if layer.form == "ssd":
+        raise fail(
+            layer,
+            "SSD's VideoData reads a webcam or a video file (video_type, device_id, video_file), "
+            "which caffe2jax does not support; C3D's VideoData (clips listed in "
+            "video_data_param.source) is",
+        )
+    if len(layer.tops) != 2:
+        raise fail(layer, f"C3D's VideoData produces 2 tops (data, label), got {len(layer.tops)}")
+    return _from_source(layer)
+
+
+def _image_seg_data(layer):
+    """DeepLab's ImageSegData: v2 has an optional third top (data_dim), DeepLab v1 two tops."""
+    if layer.form == "deeplab-v1" and len(layer.tops) != 2:
+        raise fail(layer, f"DeepLab v1's IMAGE_SEG_DATA produces 2 tops, got {len(layer.tops)}")
+    return _from_source(layer)
+
+
 PIPELINE_TYPES = data_layers("pipeline")
+_SOURCES = {"VideoData": _video_data, "ImageSegData": _image_seg_data}
 
 for _type in PIPELINE_TYPES:
-    register(_type, counts=DATA_LAYERS[_type].counts, source=True)(_from_source)
+    _fn = _SOURCES.get(_type, _from_source)
+    register(_type, counts=DATA_LAYERS[_type].counts, source=True)(_fn)
 
 
 def _dummy_shapes(layer) -> list[tuple[int, ...]]:

@@ -12,4 +12,5 @@ from caffe2jax.lowering import (  # noqa: F401
     recurrent,
     shape,
     vision,
+    vision3d,
 )

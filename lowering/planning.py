@@ -41,8 +41,8 @@ def plan_engines(
     engines = {}
     for layer in net.layers:
         lowering = lowerings[layer.name]
-        if lowering.source:
-            continue
+        if lowering.source or any(t not in net.shapes for t in layer.tops):
+            continue  # a data layer, or past the layers a prefix model reshapes
         planning = Planning(
             policy,
             layer_dtype(layer.type),

@@ -19,6 +19,9 @@ from pathlib import Path
 NO_CACHE_ENV = "CAFFE2JAX_NO_COMPILE_CACHE"
 CACHE_DIR_ENV = "CAFFE2JAX_CACHE_DIR"
 _JAX_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+# set beside JAX's variable when this module wrote it: a child process inherits both and
+# knows the folder was caffe2jax's default, not the user's choice
+_OURS_ENV = "CAFFE2JAX_DEFAULT_JAX_CACHE_DIR"
 # what JAX reads from the environment when it is imported, and the config names they set
 _SETTINGS = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("jax_persistent_cache_min_compile_time_secs",
@@ -44,7 +47,8 @@ def switched_off() -> bool:
 
 def _users_own() -> bool:
     """Whether the user pointed JAX at a cache of their own."""
-    if os.environ.get(_JAX_DIR_ENV) and (_ours is None or os.environ[_JAX_DIR_ENV] != str(_ours)):
+    theirs = os.environ.get(_JAX_DIR_ENV)
+    if theirs and theirs not in (str(_ours), os.environ.get(_OURS_ENV)):
         return True
     if "jax" in sys.modules:
         current = sys.modules["jax"].config.jax_compilation_cache_dir
@@ -66,7 +70,7 @@ def enable(compile_cache: bool = True) -> Path | None:
     folder = cache_dir()
     _ours = folder
     if "jax" not in sys.modules:
-        os.environ[_JAX_DIR_ENV] = str(folder)
+        os.environ[_JAX_DIR_ENV] = os.environ[_OURS_ENV] = str(folder)
         for env, (_, value) in _SETTINGS.items():
             os.environ.setdefault(env, str(value))
         return folder
@@ -86,7 +90,8 @@ def enable_by_default() -> Path | None:
 
 def _disable() -> None:
     global _ours
-    if _ours is not None and os.environ.get(_JAX_DIR_ENV) == str(_ours):
+    current = os.environ.get(_JAX_DIR_ENV)
+    if current and current in (str(_ours), os.environ.get(_OURS_ENV)):
         del os.environ[_JAX_DIR_ENV]
     if "jax" in sys.modules:
         sys.modules["jax"].config.update("jax_enable_compilation_cache", False)

@@ -177,7 +177,9 @@ def _unsupported(net: ir.Net) -> str:
     """The first layer whose type caffe2jax does not lower, as its compile error says it."""
     for layer in net.layers:
         try:
-            lookup(layer)
+            lowering = lookup(layer)
+            if lowering.source:  # a data layer may refuse a form (SSD's VideoData)
+                lowering.fn(layer)
         except NetError as err:
             return f"{layer.where}{err}"
     return ""

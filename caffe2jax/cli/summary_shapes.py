@@ -57,17 +57,24 @@ def _dense_image_data(layer: ir.Layer) -> list[Shape | None]:
     h, w = _side(p.crop_height, p.crop_width)
     if h is None:
         h, w = _side(p.new_height, p.new_width)
-    label = (p.batch_size or None, 1, h, w) if p.label_divide_factor == 1 else None
+    f = p.label_divide_factor
+    label = (p.batch_size or None, 1, h, w)
+    if f > 1:  # ENet: the label map of new_height / f × new_width / f
+        label = (p.batch_size or None, 1, h and h // f, w and w // f)
     return [(p.batch_size or None, 3 if p.is_color else 1, h, w), label]
 
 
 def _image_seg_data(layer: ir.Layer) -> list[Shape | None]:
-    """DeepLab's ImageSegData: crops of transform_param.crop_size, labels (N, 1, H, W)."""
-    p, crop = layer.param.image_data_param, layer.param.transform_param.crop_size or None
+    """DeepLab's ImageSegData: crops of transform_param crop_size (or v2's crop_height and
+    crop_width), else new_height/new_width; labels (N, 1, H, W)."""
+    p, t = layer.param.image_data_param, layer.param.transform_param
+    h, w = (t.crop_size or None,) * 2 if t.crop_size else _side(t.crop_height, t.crop_width)
+    if h is None:
+        h, w = _side(p.new_height, p.new_width)
     return [
-        (p.batch_size or None, _channels(layer), crop, crop),
-        (p.batch_size or None, 1, crop, crop),
-        None,
+        (p.batch_size or None, _channels(layer, p.is_color), h, w),
+        (p.batch_size or None, 1, h, w),
+        (p.batch_size or None, 1, 1, 2),  # DeepLab v2's data_dim
     ]
 
 
@@ -78,7 +85,8 @@ def _video_data(layer: ir.Layer) -> list[Shape | None]:
     if layer.form == "ssd":
         return [None, None]
     length = p.new_length or None
-    return [(p.batch_size or None, 3 if p.is_color else 1, length, h, w), None]
+    labels = (p.num_of_labels,) if p.use_multiple_label else ()
+    return [(p.batch_size or None, 3, length, h, w), (p.batch_size or None, *labels)]
 
 
 FORK_DATA = {

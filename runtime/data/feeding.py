@@ -85,7 +85,7 @@ def open_source(
         return MemoryData(layer)
     from caffe2jax.runtime.data.sources import make_source
 
-    return make_source(layer.param, phase, base_dir=base_dir, seed=seed)
+    return make_source(layer.param, phase, base_dir=base_dir, seed=seed, form=layer.form)
 
 
 class Feeder:

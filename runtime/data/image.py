@@ -18,6 +18,7 @@ chooses. Both give the same pixels for JPEG (libjpeg-turbo's default IDCT) and P
 Every image's header is checked before it is decoded (:mod:`.image_header`): one over the
 pixel limit is refused with one line naming it.
 
+``resize_nearest`` is ``cv::resize(..., INTER_NEAREST)`` (the forks' label maps).
 ``resize_bilinear`` is ``cv::resize(..., INTER_LINEAR)`` (half-pixel centres, no antialiasing,
 11-bit fixed-point weights), which Caffe's ``ReadImageToCVMat`` uses for ``new_height``/
 ``new_width`` and ``convert_imageset --resize_*``; with OpenCV installed, ``cv2.resize`` itself.
@@ -160,6 +161,25 @@ def resize(chw: np.ndarray, height: int, width: int) -> np.ndarray:
         return resize_bilinear(chw, height, width)
     hwc = cv2.resize(chw.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_LINEAR)
     return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
+
+
+def nearest_taps(src: int, dst: int) -> np.ndarray:
+    """The source index of each of ``dst`` cells under OpenCV's INTER_NEAREST:
+    ``min(floor(x · (1 / (dst / src))), src − 1)``, in double as OpenCV computes it."""
+    return np.minimum(np.floor(np.arange(dst) * (1.0 / (dst / src))).astype(np.int64), src - 1)
+
+
+def resize_nearest(chw: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``cv::resize(..., INTER_NEAREST)`` on C×H×W (label maps: no class is blended):
+    OpenCV's own when it is installed, else :func:`nearest_taps` per axis."""
+    _, h, w = chw.shape
+    if (h, w) == (height, width):
+        return chw.copy()
+    cv2 = _cv2()
+    if cv2 is not None:
+        hwc = cv2.resize(chw.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_NEAREST)
+        return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
+    return chw[:, nearest_taps(h, height)][:, :, nearest_taps(w, width)]
 
 
 def encode_image(chw: np.ndarray, ext: str) -> bytes:

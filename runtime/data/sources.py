@@ -8,6 +8,8 @@ against ``base_dir`` (the prototxt's folder, passed by the caller).
 * ``Data`` (LMDB/LevelDB of Datums): :mod:`.data_layer`;
 * ``ImageData`` (a list of image files): :mod:`.image_data`;
 * ``WindowData`` (R-CNN's windows of images): :mod:`.window_data`;
+* the forks' ``DenseImageData`` (SegNet/ENet), ``ImageSegData`` (DeepLab) and ``VideoData``
+  (C3D): :mod:`.dense_image_data`, :mod:`.image_seg_data`, :mod:`.video_data`;
 * ``HDF5Data`` and the ``HDF5Output`` sink: :mod:`.hdf5`.
 
 Which class reads which type is lowering's one table of data layers (``DATA_LAYERS``): a new
@@ -69,8 +71,12 @@ def make_source(
     *,
     base_dir: Path | None = None,
     seed: int | None = None,
+    form: str = "",
 ) -> DataSource:
-    """The host-side source of a data layer the pipeline reads (Data, ImageData, HDF5Data…)."""
+    """The host-side source of a data layer the pipeline reads (Data, ImageData, HDF5Data…).
+    ``form``: the layer's form (``ir.Layer.form``: C3D v1.0's VideoData, DeepLab v1's
+    ImageSegData), given to the readers of the types that have several."""
     if layer.type == "HDF5Output":
         raise DataError(f"layer {layer.name!r}: HDF5Output is a sink (use make_sink)")
-    return reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed)
+    extra = {"form": form} if form else {}
+    return reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed, **extra)

@@ -117,7 +117,11 @@ def _from_binary(source: Path, dest: Path, out_format: str, dialect=None) -> Non
 def _body(scan: Scanner, source: Path, layer: str, j: int, where: tuple[int, int]) -> BlobBody:
     """A BVLC BlobProto copied byte for byte; a C3D v1.0 (5-D legacy) one rewritten in BVLC's
     numbers (a 5-axis ``shape``), since its own numbers mean other fields in BVLC's."""
-    if blob_layout(scan, *where) == BVLC_LAYOUT:
+    try:
+        layout = blob_layout(scan, *where)
+    except WireError as err:
+        raise WeightsError(f"{source}: layer '{layer}' blob {j} is corrupt: {err}") from None
+    if layout == BVLC_LAYOUT:
         return BlobBody.stored(scan, *where)
     get = _stored_values(scan, source, layer, j, where)
     return BlobBody.floats(get().shape, get)

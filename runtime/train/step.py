@@ -142,18 +142,7 @@ class Trainer:
 
         def passes_fn(params, state, passes, rng):
             if not scan:
-                # Unrolled at trace time: on CPU an XLA scan (even with unroll) costs more
-                # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step);
-                # passes of different shapes cannot be scanned either.
-                grads, losses, last_in = None, [], state
-                for k in range(iter_size):
-                    last_in = state
-                    g, state, loss, out = grads_of(
-                        params, state, passes[k], jax.random.fold_in(rng, k), k
-                    )
-                    grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-                    losses.append(loss)
-                return grads, state, jnp.stack(losses), out, last_in
+                return _unrolled(grads_of, params, state, passes, rng, iter_size)
             batches = jax.tree.map(lambda *xs: jnp.stack(xs), *passes[:-1])
             zeros = jax.tree.map(jnp.zeros_like, params)
             ks = jnp.arange(iter_size - 1)
@@ -248,3 +237,16 @@ class Trainer:
         from caffe2jax.runtime.parallel.data_parallel import FirstSlice
 
         return FirstSlice(inputs, self.mesh)
+
+
+def _unrolled(grads_of: Callable, params, state, passes, rng, iter_size: int) -> tuple:
+    """The iter_size passes unrolled at trace time: on CPU an XLA scan (even with unroll)
+    costs more than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step);
+    passes of different shapes cannot be scanned either."""
+    grads, losses, last_in = None, [], state
+    for k in range(iter_size):
+        last_in = state
+        g, state, loss, out = grads_of(params, state, passes[k], jax.random.fold_in(rng, k), k)
+        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+        losses.append(loss)
+    return grads, state, jnp.stack(losses), out, last_in

@@ -64,3 +64,26 @@ def test_dialect_and_define_options_are_checked():
     assert re.search(
         r"noup_test\.prototxt:\d+:\d+: template variable \$\{NUM_LABELS\}", proc.stderr
     )
+
+
+def test_c3d_crnn_deeplab_segnet_enet_data_and_3d_shapes(capsys):
+    """Issue 22's 3-D layers, ContinuationIndicator and the fork data layers are shaped; what
+    still stops each net is named (BN, Interp, Permute: other layers of the issue)."""
+    c3d = _summary(capsys, FORK_MODELS / "c3d_v10_ucf101_finetune_train.prototxt")
+    assert "Top shape: 30 (30)" in c3d  # VideoData's labels
+    assert "Top shape: 30 512 1 4 4 (245760)" in c3d  # pool5: C3D's ceil rounding, 8192 per clip
+    assert "Top shape: 30 101 (3030)" in c3d and "not supported" not in c3d
+    c3d = _summary(capsys, FORK_MODELS / "c3d_v11_ucf101_train_simple.prototxt",
+                   "--stage", "test-on-val")  # fmt: skip
+    assert "Top shape: 30 3 16 112 112 (18063360)" in c3d and "Top shape: 30 101 (3030)" in c3d
+    crnn = _summary(capsys, FORK_MODELS / "crnn_train.prototxt", "--phase", "TRAIN")
+    assert "Top shape: 13 523 (6799)" in crnn  # ContinuationIndicator: (time_step, batch_size)
+    assert "layer 'permuted_data' (type Permute)" in crnn
+    deeplab = _summary(capsys, FORK_MODELS / "deeplab_v1_vgg128_noup_train.prototxt",
+                       "--phase", "TRAIN", "--define", "NUM_LABELS=21")  # fmt: skip
+    assert "Top shape: 30 3 321 321 (9273690)" in deeplab  # ImageSegData: crop_size 321
+    assert "Top shape: 30 1 321 321 (3091230)" in deeplab
+    assert "layer 'label_shrink' (type Interp)" in deeplab
+    enet = _summary(capsys, FORK_MODELS / "enet_encoder_train.prototxt", "--phase", "TRAIN")
+    assert "Top shape: 4 1 64 128 (32768)" in enet  # 512×1024 / label_divide_factor 8
+    assert "layer 'bn0_1' (type BN)" in enet

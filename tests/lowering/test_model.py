@@ -37,6 +37,19 @@ EXTRA = {
     "MemoryLoss": """
         layer { name: "in" type: "Input" top: "p" input_param { shape { dim: 3 dim: 2 } } }
         layer { name: "l" type: "MemoryLoss" bottom: "p" top: "loss" }""",
+    "Convolution3D": """
+        layer { name: "in" type: "Input" top: "x"
+                input_param { shape { dim: 1 dim: 2 dim: 3 dim: 4 dim: 4 } } }
+        layer { name: "c" type: "Convolution3D" bottom: "x" top: "y"
+                convolution3d_param { num_output: 2 kernel_size: 3 kernel_depth: 3 pad: 1 } }""",
+    "Pooling3D": """
+        layer { name: "in" type: "Input" top: "x"
+                input_param { shape { dim: 1 dim: 2 dim: 3 dim: 4 dim: 4 } } }
+        layer { name: "p" type: "Pooling3D" bottom: "x" top: "y"
+                pooling3d_param { kernel_size: 2 kernel_depth: 2 stride: 2
+                                  temporal_stride: 2 } }""",
+    "ContinuationIndicator": """layer { name: "c" type: "ContinuationIndicator" top: "c"
+        continuation_indicator_param { time_step: 3 batch_size: 2 } }""",
     "Python": """
         layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
         layer { name: "py" type: "Python" bottom: "x" top: "y"
@@ -51,7 +64,8 @@ def sweep_cases() -> dict[str, str]:
 
 
 # Checked by their own tests below or in tests/runtime/data (ImageData needs image files).
-SWEPT_ELSEWHERE = {"ImageData", "WindowData", "HDF5Output"}
+SWEPT_ELSEWHERE = {"ImageData", "WindowData", "HDF5Output", "DenseImageData", "ImageSegData",
+                   "VideoData"}  # fmt: skip
 
 
 def test_every_registered_type_is_covered_by_the_sweep():

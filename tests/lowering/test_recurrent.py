@@ -336,3 +336,42 @@ def test_caffe_refused_configurations_fail_at_compile(kind, shapes, tops, extra,
     assert "\n" not in text
     assert f"layer 'layer' (type {kind})" in text
     assert msg in text
+
+
+CONT_NET = """
+layer { name: "indicator" type: "ContinuationIndicator" top: "cont"
+  continuation_indicator_param { time_step: 3 batch_size: 2 } }
+"""
+
+
+def test_continuation_indicator_is_zero_at_the_first_step_then_one():
+    model = compile_net(CONT_NET)
+    blobs, _ = model.apply(*model.init(0), {})
+    # CRNN's Forward_cpu: t == 0 ? 0 : 1, for every sequence of the batch, (T, N) = (3, 2)
+    np.testing.assert_array_equal(np.asarray(blobs["cont"]), [[0, 0], [1, 1], [1, 1]])
+
+
+def test_continuation_indicator_feeds_an_lstm_as_cont():
+    text = CONT_NET + (
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 3 dim: 2 '
+        'dim: 4 } } }\nlayer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "y" '
+        "recurrent_param { num_output: 5 weight_filler { type: 'gaussian' std: 0.1 } } }"
+    )
+    model = compile_net(text)
+    assert model.net.shapes[model.net.layers[-1].tops[0]] == (3, 2, 5)
+    params, state = model.init(0)
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
+    blobs, _ = model.apply(params, state, {"x": x})
+    given = compile_net(text.replace(CONT_NET, 'layer { name: "c" type: "Input" top: "cont" '
+                                     "input_param { shape { dim: 3 dim: 2 } } }"))  # fmt: skip
+    cont = np.array([[0, 0], [1, 1], [1, 1]], np.float32)
+    want, _ = given.apply(params, state, {"x": x, "cont": cont})
+    np.testing.assert_array_equal(np.asarray(blobs["y"]), np.asarray(want["y"]))
+
+
+@pytest.mark.parametrize("param", ["time_step: 0 batch_size: 2", "time_step: 3"])
+def test_continuation_indicator_refuses_zero_sizes(param):
+    text = CONT_NET.replace("time_step: 3 batch_size: 2", param)
+    with pytest.raises(NetError, match="'indicator' \\(type ContinuationIndicator\\): "
+                                       "time_step .* must both be positive"):  # fmt: skip
+        compile_net(text)
