@@ -1,4 +1,6 @@
-"""`caffe2jax plot LOG OUT.png`: training loss and test outputs from a Caffe-format log."""
+"""`caffe2jax plot LOG OUT.png`: training loss and test outputs from a Caffe-format log, or the
+returns of a `caffe2jax rl` run (its progress lines: the mean return of the last 100 episodes
+and the running reward, against episodes and against wall time)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ from caffe2jax.frontend.errors import CaffeError
 _TRAIN = re.compile(r"Iteration (\d+)(?: \(.*\))?, loss = ([-\d.e+naif]+)")
 _TESTING = re.compile(r"Iteration (\d+), Testing net \(#(\d+)\)")
 _TEST_OUT = re.compile(r"Test net output #\d+: (\S+) = ([-\d.e+naif]+)")
+_RL = re.compile(
+    r"Episode (\d+), mean return = ([-\d.e+naif]+) \(last \d+\), running reward = "
+    r"([-\d.e+naif]+), .* ([\d.]+) s$"
+)
 
 
 @dataclass
@@ -20,6 +26,8 @@ class TrainingLog:
 
     train: list[tuple[int, float]] = field(default_factory=list)
     test: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    rl: list[tuple[int, float, float, float]] = field(default_factory=list)  # (episode, mean,
+    # running reward, seconds) from `caffe2jax rl`
 
 
 def parse_log(text: str) -> TrainingLog:
@@ -31,6 +39,8 @@ def parse_log(text: str) -> TrainingLog:
             log.train.append((int(m.group(1)), float(m.group(2))))
         elif m := _TESTING.search(line):
             test_iter, test_net = int(m.group(1)), int(m.group(2))
+        elif m := _RL.search(line):
+            log.rl.append((int(m.group(1)), *(float(m.group(i)) for i in (2, 3, 4))))
         elif m := _TEST_OUT.search(line):
             name = m.group(1) if test_net == 0 else f"{m.group(1)} (test net #{test_net})"
             log.test.setdefault(name, []).append((test_iter, float(m.group(2))))
@@ -45,23 +55,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise CaffeError("plotting needs matplotlib: pip install 'caffe2jax[plot]'") from None
-    from caffe2jax.runtime.formats.atomic import atomic_path, refuse_overwrite
-
-    refuse_overwrite(args.out, args.force)
-    path = Path(args.log)
-    if not path.is_file():
-        raise CaffeError(f"{path}: log file not found")
-    log = parse_log(path.read_text(encoding="utf-8", errors="replace"))
-    if not log.train and not log.test:
-        raise CaffeError(f"{path}: no training or test lines found (is it a Caffe log?)")
+def _plot_losses(plt, log: TrainingLog, title: str):
+    """The training loss (log scale) and the test outputs of a Caffe log."""
     fig, loss_ax = plt.subplots(figsize=(8, 4.5))
     if log.train:
         iters, losses = zip(*log.train)
@@ -81,7 +76,46 @@ def run(args: argparse.Namespace) -> int:
         score_ax.set_ylim(0, 1.05 if all(v <= 1 for _, v in sum(others.values(), [])) else None)
         score_ax.legend(loc="center right")
     loss_ax.legend(loc="upper center")
-    loss_ax.set_title(path.stem)
+    loss_ax.set_title(title)
+    return fig
+
+
+def _plot_rl(plt, log: TrainingLog, title: str):
+    """An RL run: mean return and running reward against episodes, and against hours."""
+    episodes, means, running, seconds = zip(*log.rl)
+    hours = [s / 3600 for s in seconds]
+    fig, (by_episode, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    by_episode.plot(episodes, means, color="tab:blue", lw=1, label="mean return (last 100)")
+    by_episode.plot(episodes, running, color="tab:orange", lw=1.6, label="running reward")
+    by_episode.set_xlabel("episode")
+    by_episode.set_ylabel("return")
+    by_episode.legend(loc="upper left")
+    by_time.plot(hours, running, color="tab:orange", lw=1.6, label="running reward")
+    by_time.set_xlabel("wall time (hours)")
+    for ax in (by_episode, by_time):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return fig
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CaffeError("plotting needs matplotlib: pip install 'caffe2jax[plot]'") from None
+    from caffe2jax.runtime.formats.atomic import atomic_path, refuse_overwrite
+
+    refuse_overwrite(args.out, args.force)
+    path = Path(args.log)
+    if not path.is_file():
+        raise CaffeError(f"{path}: log file not found")
+    log = parse_log(path.read_text(encoding="utf-8", errors="replace"))
+    if not log.train and not log.test and not log.rl:
+        raise CaffeError(f"{path}: no training, test or RL progress lines found (is it a log?)")
+    fig = _plot_rl(plt, log, path.stem) if log.rl else _plot_losses(plt, log, path.stem)
     fig.tight_layout()
     with atomic_path(args.out, overwrite=args.force) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

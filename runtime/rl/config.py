@@ -27,6 +27,12 @@ setting                     unset means                 MyCaffe's (paper's) valu
 ``episode_elite_percent``   1 (keep all)                1.0 (PG.MT ``EpisodeElitePercent``)
 ==========================  ==========================  ==================================
 
+Atari (``env: "ALE/<Game>-v5"``, :mod:`.ale_env`): ``num_envs`` (1) emulators at once,
+``frameskip`` (the id's: 4), ``repeat_action_probability`` (the id's: 0.25), ``actions`` (the
+minimal action set), ``preprocess`` (true: Karpathy's Pong preprocessing, :mod:`.pixels`),
+``overlap`` (true), ``env_threads`` (0: one per core); ``difference_input`` is on unless
+set (Karpathy's and MyCaffe's ``cur - prev``).
+
 ``horizon`` truncates episodes; capped envs use their cap as the static scan length. With no
 horizon (MyCaffe's gym) an episode runs until the env ends it: the batch is played as a chain
 of bounded programs of ``rollout_chunk`` steps each (the last lane's state carried from one to
@@ -41,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from caffe2jax.runtime.rl import envs, gymnax_env
+from caffe2jax.runtime.rl import ale_env, envs, gymnax_env
 from caffe2jax.runtime.rl.gym_host import GYM_PREFIX
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import RESET_MODES
@@ -77,10 +83,42 @@ class RLConfig:
     eps_start: float = 0.0
     eps_end: float = 0.0
     episode_elite_percent: float = 1.0
+    num_envs: int = 1
+    frameskip: int | None = None  # None: the Atari id's
+    repeat_action_probability: float | None = None  # None: the Atari id's
+    actions: tuple[str, ...] = ()  # (): the game's minimal action set
+    preprocess: bool = True
+    overlap: bool = True
+    env_threads: int = 0
+
+    @property
+    def is_ale(self) -> bool:
+        return ale_env.is_ale(self.env)
 
     @property
     def is_gym(self) -> bool:
-        return self.env.startswith(GYM_PREFIX)
+        return self.env.startswith(GYM_PREFIX) and not self.is_ale
+
+    @property
+    def on_host(self) -> bool:
+        """Stepped outside XLA (Gymnasium or ALE): episodes end when the env says so."""
+        return self.is_gym or self.is_ale
+
+    def ale_settings(self) -> ale_env.AleSettings:
+        """The Atari environment's settings: the id's (v5) where rl_param leaves them unset."""
+        return ale_env.AleSettings(
+            env=self.env,
+            rom=ale_env.rom_id(self.env),
+            num_envs=self.num_envs,
+            frameskip=ale_env.V5["frameskip"] if self.frameskip is None else self.frameskip,
+            repeat_action_probability=ale_env.V5["repeat_action_probability"]
+            if self.repeat_action_probability is None
+            else self.repeat_action_probability,
+            actions=self.actions,
+            preprocess=self.preprocess,
+            overlap=self.overlap,
+            threads=self.env_threads,
+        )
 
 
 def _opt(msg: Any, name: str) -> Any:
@@ -98,6 +136,19 @@ def _seed(solver_param: Any, seed: int | None) -> int:
     return time.time_ns() % 2**31
 
 
+def _atari(rl: Any) -> dict[str, Any]:
+    """The ALE fields of rl_param (unset frameskip/stickiness: the Atari id's)."""
+    return {
+        "num_envs": rl.num_envs,
+        "frameskip": _opt(rl, "frameskip"),
+        "repeat_action_probability": _opt(rl, "repeat_action_probability"),
+        "actions": tuple(a.strip().upper() for a in rl.actions),
+        "preprocess": rl.preprocess,
+        "overlap": rl.overlap,
+        "env_threads": rl.env_threads,
+    }
+
+
 def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> RLConfig:
     """The config a solver's ``rl_param`` asks for; keyword ``overrides`` (None: ignored) win.
 
@@ -107,16 +158,17 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
     rl = solver_param.rl_param
     given = {k: v for k, v in overrides.items() if v is not None}
     env = str(given.pop("env", rl.env)).strip()
-    if not env.startswith((GYM_PREFIX, gymnax_env.PREFIX)):
+    if not env.startswith((GYM_PREFIX, gymnax_env.PREFIX, *ale_env.PREFIXES)):
         env = env.lower()
     mycaffe = env == "cartpole-mycaffe"
+    pixels = ale_env.is_ale(env)  # Karpathy's and MyCaffe's Pong input: cur - prev
     values: dict[str, Any] = {
         "env": env,
         "gamma": rl.gamma,
         "batch_size": rl.batch_size if rl.HasField("batch_size") else memory_batch,
         "population_std": rl.population_std,
         "normalize_by_length": _opt(rl, "normalize_by_length"),
-        "difference_input": mycaffe
+        "difference_input": (mycaffe or pixels)
         if _opt(rl, "difference_input") is None
         else rl.difference_input,
         "stale_observation": mycaffe
@@ -133,6 +185,7 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
         "eps_start": rl.eps_start,
         "eps_end": rl.eps_end,
         "episode_elite_percent": rl.episode_elite_percent,
+        **_atari(rl),
     }
     values["seed"] = _seed(solver_param, given.pop("seed", None))
     values.update(given)
@@ -145,7 +198,9 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
 
 def check(config: RLConfig) -> None:
     """One-line RLErrors for settings the trainer cannot run."""
-    if config.env.startswith(gymnax_env.PREFIX):
+    if config.is_ale:
+        _check_ale(config)
+    elif config.env.startswith(gymnax_env.PREFIX):
         try:
             gymnax_env.make(config.env)
         except ValueError as err:
@@ -162,6 +217,8 @@ def check(config: RLConfig) -> None:
             ) from None
     elif config.pole_angle_limit_deg is not None or config.max_steps is not None:
         raise RLError("pole_angle_limit_deg and max_steps apply to the built-in Cart-Pole envs")
+    if not config.is_ale and config.num_envs != 1:
+        raise RLError("rl_param num_envs applies to the Atari (ALE/<Game>-v5) environments")
     if config.batch_size < 1:
         raise RLError(f"rl_param batch_size must be >= 1, got {config.batch_size}")
     if not 0 <= config.gamma <= 1:
@@ -187,6 +244,25 @@ def check(config: RLConfig) -> None:
         )
 
 
+def _check_ale(config: RLConfig) -> None:
+    try:
+        ale_env.rom_id(config.env)
+    except (ImportError, ValueError) as err:
+        raise RLError(str(err)) from None
+    if config.pole_angle_limit_deg is not None or config.max_steps is not None:
+        raise RLError("pole_angle_limit_deg and max_steps apply to the built-in Cart-Pole envs")
+    if not 1 <= config.num_envs <= config.batch_size:
+        raise RLError(
+            f"rl_param num_envs must lie in [1, batch_size = {config.batch_size}] (each "
+            f"emulator plays one of the batch's episodes at a time), got {config.num_envs}"
+        )
+    if config.frameskip is not None and config.frameskip < 1:
+        raise RLError(f"rl_param frameskip must be >= 1, got {config.frameskip}")
+    sticky = config.repeat_action_probability
+    if sticky is not None and not 0 <= sticky <= 1:
+        raise RLError(f"rl_param repeat_action_probability must lie in [0, 1], got {sticky}")
+
+
 def make_env(config: RLConfig) -> envs.CartPoleParams:
     """The built-in JAX env with the config's angle limit and step cap applied (or the
     gymnax env a ``gymnax:<id>`` names)."""
@@ -204,7 +280,7 @@ def make_env(config: RLConfig) -> envs.CartPoleParams:
 def resolve_horizon(config: RLConfig) -> RLConfig:
     """Capped JAX envs scan to their cap (or a smaller given horizon); uncapped ones keep the
     given horizon, or None: no truncation. Gymnasium envs keep theirs (None: TimeLimit's)."""
-    if config.is_gym:
+    if config.on_host:
         return config
     cap = make_env(config).max_episode_steps
     given = config.horizon
@@ -216,7 +292,7 @@ def default_target(config: RLConfig, gym_threshold: float | None = None) -> floa
     """The return that counts as solved (mean over the last 100 episodes)."""
     if config.target is not None:
         return config.target
-    if config.is_gym:
+    if config.on_host:
         return gym_threshold
     if config.env.startswith(gymnax_env.PREFIX):
         return GYMNAX_TARGETS.get(config.env[len(gymnax_env.PREFIX) :])

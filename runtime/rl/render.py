@@ -1,4 +1,5 @@
-"""Cart-Pole frames drawn with Pillow, written as an animated GIF (``rl --test --render``).
+"""Cart-Pole frames drawn with Pillow, written as an animated GIF (``rl --test --render``); an
+Atari game's own screens written the same way (:func:`write_screens`).
 
 The drawing follows Gymnasium's classic-control layout: the world is ``2·x_threshold`` wide
 plus a margin, the cart a box on a track, the pole (``2·length`` long) hinged on the cart's
@@ -64,4 +65,14 @@ def write_gif(path: str | os.PathLike, env: CartPoleParams, states: np.ndarray) 
         duration=max(20, round(env.tau * 1000)),
         loop=0,
     )
+    return atomic_write(path, buf.getvalue())
+
+
+def write_screens(path: str | os.PathLike, screens: list[np.ndarray], frame_ms: float) -> Path:
+    """An animated GIF of RGB screens ``(210, 160, 3)``, ``frame_ms`` apart, written atomically."""
+    frames = [Image.fromarray(np.asarray(s, np.uint8)).convert("P", palette=Image.ADAPTIVE)
+              for s in screens]  # fmt: skip
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:],
+                   duration=max(20, round(frame_ms)), loop=0, optimize=True)  # fmt: skip
     return atomic_write(path, buf.getvalue())

@@ -150,7 +150,10 @@ def batch_grads(
             return lax.dynamic_slice_in_dim(a, i * chunk, chunk)
 
         mask, actions, adv = part(traj.mask), part(traj.actions), part(advantage)
-        x = jnp.where(mask[..., None] > 0, part(traj.x), 0.0).reshape(chunk * batch, -1)
+        x = part(traj.x)
+        if jnp.issubdtype(x.dtype, jnp.floating):  # packed inputs are zero where padded
+            x = jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 2)) > 0, x, 0.0)
+        x = x.reshape(chunk * batch, -1)
 
         def make_diff(bottom: jax.Array) -> jax.Array:
             if sigmoid:

@@ -32,8 +32,8 @@ from caffe2jax.lowering import memory_loss  # noqa: F401 - registers MemoryLoss
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
+from caffe2jax.runtime.rl import ale_loop, host_loop, rule
 from caffe2jax.runtime.rl import config as rl_config
-from caffe2jax.runtime.rl import host_loop, rule
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
 from caffe2jax.runtime.rl.rollout import (
     Carry,
@@ -51,6 +51,7 @@ from caffe2jax.runtime.train.solvers import solver_iter
 from caffe2jax.runtime.train.step import Trainer, merge
 
 SOLVED_WINDOW = 100
+RUNNING_DECAY = 0.99  # pg-pong's running_reward = running_reward * 0.99 + reward_sum * 0.01
 
 
 @dataclass
@@ -63,6 +64,8 @@ class RunResult:
     seconds: float = 0.0
     solved_at: int | None = None  # 1-based episode at which the trailing mean hit the target
     solved_mean: float | None = None
+    running: float | None = None  # Karpathy's running reward: 0.99 · running + 0.01 · return
+    stopped: bool = False  # on_batch asked to stop (Ctrl-C)
 
 
 def _train_net(param: Any, folder: Any) -> Any:
@@ -97,8 +100,10 @@ class PolicyGradientTrainer:
         self.policy = PolicyNet(self.model)
         memory_batch = self.model.inputs[self.policy.spec.data][0]
         self.config = rl_config.from_solver(self.solver_param, memory_batch, **options)
-        self.env = None if self.config.is_gym else rl_config.make_env(self.config)
+        self.env = None if self.config.on_host else rl_config.make_env(self.config)
         self.host = host_loop.open_env(self.config) if self.config.is_gym else None
+        self.ale = ale_loop.open_env(self.config) if self.config.is_ale else None
+        self._decode = ale_loop.decoder(self.config) if self.ale else (lambda x: x)
         self._check_env()
         params, state = jax.eval_shape(self.model.init, jax.random.key(0))
         try:  # the solver's update is the runtime's (Caffe's ApplyUpdate as optax)
@@ -125,7 +130,7 @@ class PolicyGradientTrainer:
 
         mesh = make_mesh(devices)
         if mesh is not None:
-            if self.host is not None or self.config.horizon is None:
+            if self.config.on_host or self.config.horizon is None:
                 raise RLError(
                     "several devices need a JAX environment with a step cap (horizon); "
                     f"'{self.config.env}' runs on one device"
@@ -158,11 +163,9 @@ class PolicyGradientTrainer:
 
     def _check_env(self) -> None:
         spec = self.policy.spec
-        actions, obs = (
-            (self.host.num_actions, int(np.prod(self.host.obs_shape)))
-            if self.host is not None
-            else (self.env.num_actions, int(np.prod(self.env.obs_shape)))
-        )
+        env = self.host or self.ale or self.env
+        shape = self.ale.settings.obs_shape if self.ale else env.obs_shape
+        actions, obs = env.num_actions, int(np.prod(shape))
         if spec.num_actions != actions:
             raise RLError(
                 f"the policy net outputs {spec.num_actions} actions ({spec.kind}) but "
@@ -219,7 +222,7 @@ class PolicyGradientTrainer:
         advantage = advantage * rule.loss_scale(traj.mask, spec.loss_weight, per_step, by_length)
 
         def bottom_of(p: Params, x: jax.Array) -> jax.Array:
-            return self.policy.forward(p, state, x)[1]
+            return self.policy.forward(p, state, self._decode(x))[1]
 
         grads = rule.batch_grads(bottom_of, params, traj, advantage, spec.kind == SIGMOID)
         params, opt_state, _ = self.solver.update(params, state, opt_state, grads)
@@ -246,6 +249,8 @@ class PolicyGradientTrainer:
         """One update from ``batch_size`` new episodes."""
         if self.host is not None:
             return host_loop.train_batch(self, ts)
+        if self.ale is not None:
+            return ale_loop.train_batch(self, ts)
         if self.config.horizon is None:
             return self._uncapped_batch(ts)
         return self._batch(ts)
@@ -295,28 +300,32 @@ class PolicyGradientTrainer:
         *,
         episodes: int | None = None,
         target: float | None = None,
-        on_batch: Callable[[RunResult, BatchMetrics], None] | None = None,
+        on_batch: Callable[[RunResult, BatchMetrics], bool | None] | None = None,
         start: float | None = None,
+        resume: RunResult | None = None,
     ) -> RunResult:
         """Train until the mean return of the last 100 episodes reaches ``target`` (default:
-        :attr:`target`) or ``episodes`` (default: rl_param ``max_episodes``) have run."""
+        :attr:`target`) or ``episodes`` (default: rl_param ``max_episodes``) have run, in all.
+
+        ``on_batch`` sees the run after each batch; returning True stops it there
+        (``stopped``). ``resume`` continues a run read back by :func:`.snapshot.read_snapshot`:
+        its returns, running reward, env steps and clock go on."""
         target = self.target if target is None else target
         limit = episodes if episodes is not None else (self.config.max_episodes or None)
         if target is None and limit is None:
             raise RLError("no target return and no episode limit: give one of them")
-        result = RunResult(self.init() if ts is None else ts)
-        start = time.perf_counter() if start is None else start
+        result = resume if resume is not None else RunResult(self.init() if ts is None else ts)
+        begin = (time.perf_counter() if start is None else start) - result.seconds
         while limit is None or len(result.returns) < limit:
             result.state, metrics = self.train_batch(result.state)
             result.steps += int(metrics.steps)
-            if _extend(result, np.asarray(metrics.returns), target):
-                result.seconds = time.perf_counter() - start
-                if on_batch is not None:
-                    on_batch(result, metrics)
+            solved = _extend(result, np.asarray(metrics.returns), target)
+            result.seconds = time.perf_counter() - begin
+            if on_batch is not None and on_batch(result, metrics):
+                result.stopped = True
                 break
-            result.seconds = time.perf_counter() - start
-            if on_batch is not None:
-                on_batch(result, metrics)
+            if solved:
+                break
         return result
 
     def save(self, path: str | os.PathLike, ts: PolicyState, fmt: str | None = None) -> Path:
@@ -331,10 +340,16 @@ class PolicyGradientTrainer:
 
 
 def _extend(result: RunResult, returns: np.ndarray, target: float | None) -> bool:
-    """Append a batch's returns in episode order; true once the trailing-100 mean reaches
-    ``target`` (recording the episode)."""
+    """Append a batch's returns in episode order, updating the running reward; true once the
+    trailing-100 mean reaches ``target`` (recording the episode)."""
     for value in returns.tolist():
         result.returns.append(float(value))
+        previous = result.running
+        result.running = (
+            value
+            if previous is None
+            else RUNNING_DECAY * previous + (1 - RUNNING_DECAY) * float(value)
+        )
         n = len(result.returns)
         if target is None or n < SOLVED_WINDOW:
             continue

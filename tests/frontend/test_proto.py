@@ -404,10 +404,18 @@ def test_rl_param_field_numbers():
         "eps_start",
         "eps_end",
         "episode_elite_percent",
+        # 20-26: the Atari (ALE) environment's settings
+        "num_envs",
+        "frameskip",
+        "repeat_action_probability",
+        "actions",
+        "preprocess",
+        "overlap",
+        "env_threads",
     ]
     fields = caffe_pb2.RLParameter.DESCRIPTOR.fields
     assert [f.name for f in sorted(fields, key=lambda f: f.number)] == names
-    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == list(range(1, 20))
+    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == list(range(1, 27))
     assert _field("MemoryLossParameter", "normalize_by_length").number == 1
 
 

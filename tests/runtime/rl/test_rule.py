@@ -204,6 +204,22 @@ def test_discounted_returns_match_mycaffe_loop():
         assert np.all(got[n:, b] == 0)
 
 
+def test_allow_discount_reset_against_a_hand_computed_case():
+    """Pong's shape: a point won at step 2, one lost at step 5, gamma 0.5. Without the reset
+    the sum runs across the point; MyCaffe's AllowDiscountReset (pg-pong's "game boundary")
+    starts it again at each non-zero reward. Padded steps (6, 7) stay 0."""
+    rewards = jnp.asarray([0, 0, 1, 0, 0, -1, 0, 0], jnp.float32)[:, None]
+    mask = jnp.asarray([1, 1, 1, 1, 1, 1, 0, 0], jnp.float32)[:, None]
+    plain = rule.discounted_returns(rewards, mask, 0.5)[:, 0]
+    reset = rule.discounted_returns(rewards, mask, 0.5, allow_reset=True)[:, 0]
+    # R5 = -1, R4 = -0.5, R3 = -0.25; R2 = 1 + 0.5 * -0.25 = 0.875, R1 = 0.4375, R0 = 0.21875
+    np.testing.assert_array_equal(
+        np.asarray(plain), [0.21875, 0.4375, 0.875, -0.25, -0.5, -1, 0, 0]
+    )
+    # with the reset, R2 = 1 (the -0.25 after the point is dropped), R1 = 0.5, R0 = 0.25
+    np.testing.assert_array_equal(np.asarray(reset), [0.25, 0.5, 1, -0.25, -0.5, -1, 0, 0])
+
+
 @pytest.mark.parametrize("population", [True, False])
 def test_standardize_matches_normalize_data(population):
     rng = np.random.default_rng(1)
