@@ -11,10 +11,12 @@ other blobs near one. Shared by ``tests/test_fork_models.py`` and ``scripts/fork
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from caffe2jax.frontend.pipeline import load_net
@@ -58,18 +60,36 @@ def compile_model(name: str, input_shapes: dict | None = None) -> Model:
     return Model(load_net(path, "TEST", defines=DEFINES), input_shapes)
 
 
-def random_weights(model: Model, seed: int = 0) -> tuple[dict, dict]:
-    """Every param and state blob of ``model`` drawn at random (see the module docstring)."""
+def random_weights(model: Model, seed: int = 0) -> tuple[dict, Any]:
+    """Every param and state blob ``model`` owns drawn at random (see the module docstring),
+    in the structure ``model.init`` gives (shared slots and recurrent carries kept)."""
     rng = np.random.default_rng(seed)
     types = {layer.name: layer.type for layer in model.net.layers}
-    params: dict = {}
-    state: dict = {}
-    for key, decls in model.graph.decls.items():
-        kind = types.get(key, "")
-        for j, decl in enumerate(decls):
-            value = _draw(rng, kind, j, tuple(decl.shape))
-            (state if decl.state else params).setdefault(key, []).append(value)
+    params, state = model.init(0)
+    heads = _yolo_heads(model)
+    for key, j, decl in model.graph.owned():
+        tree = state if decl.state else params
+        tree[key][j] = _draw(rng, types.get(key, ""), j, tuple(decl.shape))
+        if key in heads:
+            tree[key][j] *= 0.01
     return params, state
+
+
+def _yolo_heads(model: Model) -> set[str]:
+    """The layers writing what a YOLO output decodes. A trained head keeps its box terms
+    small (the box size is their exp); random weights give terms near 100, whose exp
+    overflows float32 in the fork as here, so these layers' weights are drawn 100× smaller."""
+    writer = {ssa: layer for layer in model.net.layers for ssa in layer.tops}
+    todo = [b for layer in model.net.layers if layer.type.startswith("Yolo") for b in layer.bottoms]
+    heads: set[str] = set()
+    while todo:  # back through layers without blobs (Concat, Reshape…) to the convolutions
+        layer = writer.get(todo.pop())
+        if layer is None or layer.name in heads:
+            continue
+        heads.add(layer.name)
+        if not model.graph.decls.get(layer.name):
+            todo.extend(layer.bottoms)
+    return heads
 
 
 def _draw(rng: np.random.Generator, kind: str, j: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -77,7 +97,7 @@ def _draw(rng: np.random.Generator, kind: str, j: int, shape: tuple[int, ...]) -
         fan_in = (
             math.prod(shape[1:]) if kind != "Deconvolution" else shape[0] * math.prod(shape[2:])
         )
-        return (rng.standard_normal(shape) * math.sqrt(2.0 / max(fan_in, 1))).astype(np.float32)
+        return (rng.standard_normal(shape) * math.sqrt(1.0 / max(fan_in, 1))).astype(np.float32)
     if kind == "BatchNorm":
         fills = (lambda: rng.normal(0, 0.1, shape), lambda: rng.uniform(0.5, 1.5, shape),
                  lambda: np.ones(shape))  # fmt: skip
@@ -117,8 +137,14 @@ def compared(model: Model) -> dict[str, str]:
 
 def run_ours(model: Model, params, state, inputs) -> dict[str, np.ndarray]:
     """The compared blobs (:func:`compared`) after one TEST forward, by OpenCV layer name."""
-    blobs = model.apply(params, state, inputs)[0]
-    return {name: np.asarray(blobs[ssa]) for ssa, name in compared(model).items()}
+    picked = compared(model)
+
+    @jax.jit
+    def forward(params, state, inputs):  # only the compared blobs live past the program
+        blobs = model.apply(params, state, inputs)[0]
+        return {name: blobs[ssa] for ssa, name in picked.items()}
+
+    return {name: np.asarray(v) for name, v in forward(params, state, inputs).items()}
 
 
 def run_opencv(name: str, model, params, state, inputs, folder: Path) -> dict[str, np.ndarray]:
@@ -126,11 +152,24 @@ def run_opencv(name: str, model, params, state, inputs, folder: Path) -> dict[st
     import cv2
 
     weights = save_weights(folder / f"{Path(name).stem}.caffemodel", model, params, state)
-    net = cv2.dnn.readNetFromCaffe(str(FORK_MODELS / name), str(weights))
+    text = folder / name
+    text.write_text(opencv_text((FORK_MODELS / name).read_text()))
+    net = cv2.dnn.readNetFromCaffe(str(text), str(weights))
     for blob, value in inputs.items():
         net.setInput(value, blob)
     names = list(compared(model).values())
     return dict(zip(names, (np.asarray(x) for x in net.forward(names)), strict=True))
+
+
+def opencv_text(text: str) -> str:
+    """The prototxt as OpenCV must read it to compute what the fork computes. OpenCV 4.x's
+    importer builds Axpy as ``a * bottom[2] + bottom[1]``; SENet's AxpyLayer computes
+    ``a * bottom[1] + bottom[2]`` (axpy_layer.hpp: F = a * X + Y, X = bottom[1]), so OpenCV is
+    handed the two bottoms swapped."""
+    pattern = re.compile(
+        r'(type:\s*"Axpy"\s*bottom:\s*"[^"]*"\s*)bottom:\s*"([^"]*)"(\s*)bottom:\s*"([^"]*)"'
+    )
+    return pattern.sub(r'\1bottom: "\4"\3bottom: "\2"', text)
 
 
 def max_relative(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> float:

@@ -20,10 +20,14 @@ from tests import fork_runs
 
 pytestmark = pytest.mark.slow
 
-#: Deploy nets OpenCV 4.x runs (it lacks BN, Upsample, Axpy as a fork writes it, ...).
+#: Deploy nets OpenCV 4.14 runs. It lacks BN, Upsample, DepthwiseConvolution and the YOLO
+#: outputs; it runs py-faster-rcnn's proposal only rewritten to its own Proposal type; its
+#: Axpy takes the bottoms the other way round (fork_runs.opencv_text swaps them back).
 OPENCV_RUNS = {
     "densenet201_shicai.prototxt",
     "resnext101_32x4d_soeaver.prototxt",
+    "se_resnet101.prototxt",
+    "se_resnext50.prototxt",
 }
 
 RELATIVE = 1e-4
