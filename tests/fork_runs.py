@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,6 @@ WEIGHTED = {"Convolution", "Deconvolution", "InnerProduct", "ConvolutionDepthwis
             "DepthwiseConvolution", "Convolution3D"}  # fmt: skip
 #: Data layer types a deploy net may hold (an Input is fed, nothing else is read).
 DEPLOY_DATA = {"Input"}
-
-
-@dataclass
-class Run:
-    """One development-set model: whether caffe2jax and OpenCV ran it, and how they agree."""
-
-    name: str
-    ours: str = "not run"
-    opencv: str = "not run"
-    max_rel: float | None = None
-    outputs: dict[str, Any] = field(default_factory=dict)
 
 
 def deploy_names() -> list[str]:

@@ -51,3 +51,30 @@ def test_the_deploy_set_is_the_seventeen_nets_with_inputs():
     names = fork_runs.deploy_names()
     assert len(names) == 17
     assert OPENCV_RUNS <= set(names)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ssd_mobilenetv2_ssdlite_deploy.prototxt",
+        "enet_deploy_bn.prototxt",
+        "shufflenet_v2_2x.prototxt",
+    ],  # fmt: skip
+)
+def test_pycaffe_net_forward_on_a_detector_a_segmenter_and_a_classifier(name, tmp_path):
+    """pycaffe's flow on fork nets: Net(prototxt, weights, TEST), fill data, forward."""
+    import caffe2jax as caffe
+
+    model = fork_runs.compile_model(name)
+    params, state = fork_runs.random_weights(model)
+    weights = caffe.save_weights(tmp_path / "w.caffemodel", model, params, state)
+    net = caffe.Net(str(fork_runs.FORK_MODELS / name), str(weights), caffe.TEST)
+    data = fork_runs.random_inputs(model)
+    for blob, value in data.items():
+        net.blobs[blob].data[...] = value
+    out = net.forward()
+    ours = fork_runs.run_ours(model, params, state, data)
+    for key, value in out.items():
+        assert np.isfinite(value).all(), key
+        if key in ours:
+            np.testing.assert_allclose(value, ours[key], rtol=1e-5, atol=1e-6)
