@@ -31,6 +31,7 @@ from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
 from caffe2jax.lowering.engines.precision import Precision, cast, resolve
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
+from caffe2jax.lowering.limits import check_blobs
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
@@ -146,19 +147,21 @@ class Graph:
     def _infer_layer(self, k: int, layer: ir.Layer, shapes: dict, given: dict) -> None:
         lowering = self.lowerings[layer.name]
         if lowering.source:
-            for ssa, user, shape in zip(
-                layer.tops, layer.top_names, self._source_shapes(layer, given)
-            ):
+            declared = self._source_shapes(layer, given)
+            check_blobs(layer, declared)
+            for ssa, user, shape in zip(layer.tops, layer.top_names, declared):
                 shapes[ssa] = shape
                 self.inputs[user] = shape
                 self._input_ssa[user] = ssa
             return
         bottom_shapes = [shapes[b] for b in layer.bottoms]
         self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
+        check_blobs(layer, (), self.decls[layer.name])
         carries = lowering.declare_carry(layer, bottom_shapes)
         if carries:
             self.carries[layer.name] = carries
         tops = self._eval_tops(k, layer, lowering, bottom_shapes)
+        check_blobs(layer, tops)
         shapes.update(zip(layer.tops, tops))
 
     def _eval_tops(self, k, layer, lowering, bottom_shapes) -> list[Shape]:
