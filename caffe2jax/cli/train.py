@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from caffe2jax.cli import logs
+from caffe2jax.cli.args import int32
 from caffe2jax.frontend.errors import CaffeError, SolverError
 
 
@@ -26,7 +27,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--weights", help="comma-separated .caffemodel file(s) to fine-tune from")
     group.add_argument("--snapshot", help=".solverstate to resume training from")
-    p.add_argument("--iterations", type=int, help="override the solver's max_iter")
+    p.add_argument("--iterations", type=int32, help="override the solver's max_iter")
     p.add_argument("--log", help="log file (default: <solver name>.log in this folder)")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run's files")
     for sig, default in (("sigint", "stop"), ("sighup", "snapshot")):

@@ -38,7 +38,13 @@ from caffe2jax.runtime.formats.solverstate import (
 from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import is_primary, make_mesh
 from caffe2jax.runtime.train import solvers
-from caffe2jax.runtime.train.setup import SOLVER_RULES, net_sources, net_state, read_solver_param
+from caffe2jax.runtime.train.setup import (
+    SOLVER_RULES,
+    long_test_warnings,
+    net_sources,
+    net_state,
+    read_solver_param,
+)
 from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
 from caffe2jax.runtime.train.step import Trainer, learnable_order, merge
 
@@ -120,6 +126,8 @@ class SolverLoop:
             for i, net in enumerate(tests)
         ]  # fmt: skip
         self.shares = [shared_layers(self.train.model, t.model) for t in self.tests]
+        for warning in long_test_warnings(p, self.tests):
+            self.log.warning(warning)
         for layer in self.train.model.net.layers:
             if layer.type == "HDF5Output":
                 self.log.warning(
@@ -329,6 +337,9 @@ class SolverLoop:
         loss = 0.0
         blobs = None
         for _ in range(iters):
+            if self.stopped:  # Caffe checks for a stop request before each test batch
+                self.log.info("Test interrupted.")
+                return {}
             net.key, rng = jax.random.split(net.key)
             blobs, state = self._test_forward[index](params, state, net.feeder.next_batches(), rng)
             net.sinks.write(blobs)
@@ -340,6 +351,8 @@ class SolverLoop:
         self.test_states[index] = NetState(self.test_states[index], carry_of(state))
         self.last_test_env[index] = blobs
         self.tests_run += 1
+        if not iters:  # Caffe's test_iter 0: no batches, no output lines
+            return {}
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")
         return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
