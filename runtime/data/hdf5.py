@@ -31,6 +31,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, DataError
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.data.sources import (
     DataSource,
     check_phase,
@@ -99,11 +100,16 @@ class HDF5DataSource(DataSource):
             self.file_order = self.rng.permutation(self.file_order)
         self.current_file = 0
         self.row_shapes: list[tuple[int, ...]] | None = None
+        self._memo = Memo()
         self._load()
+
+    def _read(self, path: Path) -> list[np.ndarray]:
+        """A file's tops; small files are kept once read (:mod:`.memo`)."""
+        return self._memo.get(path, lambda: load_hdf5_tops(path, self.tops))
 
     def _load(self) -> None:
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = load_hdf5_tops(path, self.tops)
+        self.blobs = self._read(path)
         shapes = [a.shape[1:] for a in self.blobs]
         if self.row_shapes is None:
             self.row_shapes = shapes
@@ -130,7 +136,7 @@ class HDF5DataSource(DataSource):
     def _restored(self) -> None:
         rows, current = self.rows, self.current_row
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = load_hdf5_tops(path, self.tops)
+        self.blobs = self._read(path)
         self.rows, self.current_row = rows, current
 
     def top_shapes(self) -> list[tuple[int, ...]]:

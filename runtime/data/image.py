@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.guards import check_resize, open_image
 
 MODES = ("native", "color", "gray")
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -69,7 +70,7 @@ def decode_image(data: bytes, mode: str = "native", *, name: str = "image") -> n
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with open_image(data, name) as im:
             if mode == "gray" and im.format == "JPEG":
                 im.draft("L", im.size)  # libjpeg decodes straight to luma, as OpenCV asks it to
             im.load()
@@ -89,6 +90,7 @@ def read_image(
         raise DataError(f"{path}: could not open or find file ({err.strerror})") from err
     img = decode_image(data, "color" if is_color else "gray", name=str(path))
     if height > 0 and width > 0:
+        check_resize(img.shape[0], img.shape[1], height, width, str(path))
         img = resize_bilinear(img, height, width)
     return img
 
