@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.watch import Watch, content_id
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,17 @@ class Database:
             raise
         except Exception as err:  # lmdb.Error, plyvel.Error: unreadable database
             raise DataError(f"{self.path}: cannot open {self.backend} database ({err})") from err
+        self.watch = Watch(self.path, self.backend)
+
+    def check_unchanged(self) -> None:
+        """A DataError when the database was deleted, replaced, truncated, rewritten or made
+        unreadable since it was opened (see :mod:`.watch`)."""
+        self.watch.check()
+
+    def content_id(self) -> dict:
+        """The database's identity by content (:func:`.watch.content_id`)."""
+        entries = self._txn.stat()["entries"] if self.backend == "lmdb" else None
+        return content_id(self.items(), entries)
 
     def _check_kind(self) -> None:
         is_lmdb = (self.path / "data.mdb").exists()
@@ -102,6 +114,7 @@ class Database:
 
     def get(self, key: bytes) -> bytes:
         """The value stored under ``key``."""
+        self.watch.tick()
         with self._faults():
             value = self._txn.get(key) if self.backend == "lmdb" else self._db.get(key)
         if value is None:
@@ -109,6 +122,7 @@ class Database:
         return value
 
     def close(self) -> None:
+        self.watch.close()
         if self.backend == "lmdb":
             self._txn.abort()
             _release_lmdb(self.path)
@@ -220,6 +234,7 @@ class Cursor:
         self._current = self._first()
 
     def _first(self) -> tuple[bytes, bytes]:
+        self.db.check_unchanged()  # at every wrap-around: the database is the one opened
         self._items = self.db.items()
         try:
             return next(self._items)
@@ -236,6 +251,7 @@ class Cursor:
 
     def next(self) -> None:
         """Advance, wrapping around to the first record after the last."""
+        self.db.watch.tick()
         try:
             self._current = next(self._items)
         except StopIteration:

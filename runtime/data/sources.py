@@ -37,9 +37,13 @@ from caffe2jax.lowering.data import DATA_LAYERS, data_layers
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.db import Cursor, open_db
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
+from caffe2jax.runtime.data.guards import check_image_tops
 from caffe2jax.runtime.data.image import read_image
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.data.sampling import Sampler
 from caffe2jax.runtime.data.transform import PHASES, DataTransformer
+from caffe2jax.runtime.data.watch import same_database
+from caffe2jax.runtime.parallel.memory import check_batches_fit
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +156,10 @@ def _warn_deprecated(layer: caffe_pb2.LayerParameter) -> None:
 class DataLayerSource(DataSource):
     """Caffe's ``Data`` layer over an LMDB or LevelDB of Datum records."""
 
-    STATE = ("records_read",)
+    STATE = ("records_read", "source_id")
     RNGS = ("transformer.rng", "sampler.rng")
     records_read = 0  # records the cursor has moved past (rand_skip included)
+    source_id: dict | None = None  # the database's content identity (a position is in it)
 
     def __init__(
         self,
@@ -178,6 +183,7 @@ class DataLayerSource(DataSource):
         )
         self.db = open_db(path, param.backend)
         try:
+            self.source_id = self.db.content_id()
             self._setup(param, phase, order_rng)
         except BaseException:
             self.db.close()
@@ -249,7 +255,12 @@ class DataLayerSource(DataSource):
                 self.records_read += self.batch_size
             self.transformer.skip(self.batch_size, self.item_shape)
 
+    def check_unchanged(self) -> None:
+        self.db.check_unchanged()
+
     def _restored(self) -> None:
+        self.source_id, same = same_database(self.source_id, self.db, self.name)
+        self.records_read = self.records_read if same else 0
         if self.sampler is None:
             count = sum(1 for _ in self.db.items())
             self.cursor = Cursor(self.db)
@@ -299,7 +310,9 @@ class ImageDataSource(DataSource):
                 f"layer {layer.name!r}: new_height and new_width must be set at the same time"
             )
         self.size = (int(param.new_height), int(param.new_width))
-        self.is_color = bool(param.is_color)
+        if all(self.size):
+            check_image_tops(layer.name, self.batch_size, 3 if param.is_color else 1, *self.size)
+        self.is_color, self._memo = bool(param.is_color), Memo()
         self.root, self.base_dir, self.shuffle = param.root_folder, base_dir, param.shuffle
         where = f"layer {layer.name!r}: image_data_param.source"
         self.list_path = resolve_input(param.source, base_dir, where)
@@ -327,6 +340,9 @@ class ImageDataSource(DataSource):
         self.lines = [self._listed[int(line)] for line in self.lines]  # saved: line numbers
 
     def _read(self, entry: ListEntry) -> np.ndarray:
+        return self._memo.get(entry.path, lambda: self._read_file(entry))  # data/memo.py
+
+    def _read_file(self, entry: ListEntry) -> np.ndarray:
         where = f"{self.list_path}:{entry.line}: image"
         path = resolve_input(self.root + entry.path, self.base_dir, where)
         height, width = self.size
@@ -420,4 +436,10 @@ def make_source(
     """The host-side source of a data layer the pipeline reads (Data, ImageData, HDF5Data…)."""
     if layer.type == "HDF5Output":
         raise DataError(f"layer {layer.name!r}: HDF5Output is a sink (use make_sink)")
-    return reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed)
+    source = reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed)
+    try:  # a batch it would read must be a shape Caffe allows and fit in memory
+        check_batches_fit(layer.name, tuple(layer.top), source.top_shapes(), 2)
+    except DataError:
+        source.close()
+        raise
+    return source
