@@ -34,6 +34,9 @@ MAX_PIXELS = 1 << 30  # OpenCV's CV_IO_MAX_IMAGE_PIXELS
 DECODE_COPIES = 4
 # resize_bilinear's int64 intermediates: the horizontal sums and two vertical halves.
 RESIZE_BYTES = 8 * 3
+# Below this, an image's decoding or resize is not weighed against the memory budget (reading
+# the limits costs a few file reads: per image of a 100000-image batch, a slow path).
+SMALL = 64 << 20
 
 # Pillow warns between MAX_IMAGE_PIXELS and twice that; the size is checked here instead.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
@@ -69,6 +72,8 @@ def check_image_size(size: tuple[int, int], bands: int, name: str) -> None:
             f"decoder accepts (OpenCV: sides <= {MAX_SIDE}, <= {MAX_PIXELS} pixels)"
         )
     need = width * height * max(bands, 3) * DECODE_COPIES
+    if need <= SMALL:
+        return
     budget = memory_budget()
     if need > budget.bytes:
         raise DataError(
@@ -81,6 +86,8 @@ def check_resize(channels: int, source_height: int, height: int, width: int, nam
     """A ``cv::resize`` of a ``channels`` × ``source_height`` × … image to ``height`` ×
     ``width`` must fit in memory (its int64 intermediates)."""
     need = channels * (source_height + 2 * height) * width * 8
+    if need <= SMALL:
+        return
     budget = memory_budget()
     if need > budget.bytes:
         raise DataError(
