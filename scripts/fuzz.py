@@ -25,19 +25,19 @@ sys.path.insert(0, str(ROOT))
 from tests.fuzz.runner import Result, run  # noqa: E402
 
 SHARES = {  # per 10,000 cases; the CLI and pycaffe cases compile nets (seconds each)
-    "net": 1500,
+    "net": 1600,
     "solver": 900,
     "weights": 700,
     "weights_h5": 700,
-    "solverstate": 1000,
+    "solverstate": 1100,
     "binaryproto": 500,
     "lmdb": 800,
     "lmdb_images": 800,
     "leveldb": 400,
-    "imagedata": 1100,
+    "imagedata": 1200,
     "hdf5data": 1000,
-    "cli": 300,
-    "pycaffe": 300,
+    "cli": 150,
+    "pycaffe": 150,
 }
 COLUMNS = ("unexpected exception", "hang > 60 s", "over 4 GiB", "killed by a signal")
 
