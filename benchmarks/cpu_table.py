@@ -41,8 +41,9 @@ def _rng_batch(shape, classes=10):
     return x, rng.integers(0, classes, shape[0]).astype(np.float32)
 
 
-def train_step(prototxt: Path, shape, lr, momentum, decay, precision):
-    """caffe2jax's compiled train step (runtime Trainer: forward, backward, Caffe SGD)."""
+def train_step(prototxt: Path, shape, lr, momentum, decay, precision, policy=None):
+    """caffe2jax's compiled train step (runtime Trainer: forward, backward, Caffe SGD), with
+    the engine ``policy`` (default: the environment's, lowering/engines/policy.py)."""
     import jax
 
     from caffe2jax.frontend import caffe_pb2
@@ -50,7 +51,7 @@ def train_step(prototxt: Path, shape, lr, momentum, decay, precision):
     from caffe2jax.runtime.train.step import Trainer
 
     model = compile_net(prototxt, "TRAIN", input_shapes={"data": shape, "label": shape[:1]},
-                        precision=precision)  # fmt: skip
+                        precision=precision, policy=policy)  # fmt: skip
     solver = caffe_pb2.SolverParameter(base_lr=lr, momentum=momentum, weight_decay=decay,
                                        lr_policy="fixed")  # fmt: skip
     params, state = model.init(jax.random.key(0))
@@ -67,9 +68,9 @@ def train_step(prototxt: Path, shape, lr, momentum, decay, precision):
     return run
 
 
-def deploy(prototxt: Path, shape, precision, edit=None):
+def deploy(prototxt: Path, shape, precision, edit=None, policy=None):
     """A deploy net at batch ``shape[0]``: its jitted apply, and the prototxt/caffemodel pair
-    OpenCV reads (same random weights)."""
+    OpenCV reads (same random weights); ``policy`` as in :func:`train_step`."""
     import jax
 
     from caffe2jax.lowering.model import compile as compile_net
@@ -80,7 +81,8 @@ def deploy(prototxt: Path, shape, precision, edit=None):
         text = edit(text)
     path = TMP / f"{prototxt.parent.name}-{shape[0]}.prototxt"
     path.write_text(text)
-    model = compile_net(path, "TEST", input_shapes={"data": shape}, precision=precision)
+    model = compile_net(path, "TEST", input_shapes={"data": shape}, precision=precision,
+                        policy=policy)  # fmt: skip
     params, state = model.init(0)
     weights = save_weights(path.with_suffix(".caffemodel"), model, params, state)
     x = _rng_batch(shape)[0]

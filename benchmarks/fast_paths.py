@@ -2,13 +2,15 @@
 
     python benchmarks/fast_paths.py --path layout|pool|pointwise|patches [--cases a,b] [--blocks 7]
 
-``layout``: the channels-last pass (lowering/layout.py). ``pool``: MAX/AVE pooling as strided views
-with phase-sum backwards (lowering/engines/windows.py, ``pooling.POOL_BACKWARD = "phases"``) vs
-XLA's reduce_window (select_and_scatter / padded window-sum backwards). Both variants live in one
-process and are timed in alternating blocks (median per case; ratio on/off < 1 means the path pays).
-``pointwise``: 1×1 convolutions as one matrix product (lowering/vision.py ``POINTWISE_DOT``) vs
-lax.conv. ``patches``: convolutions of ≤ 4 input channels as im2col + one matrix product
-(``FEW_CHANNELS``) vs lax.conv / oneDNN. Writes ``benchmarks/results/<path>-<time>.json``/``.md``.
+Each side is the same net compiled with an engine policy (lowering/engines/policy.py) that differs
+in one field from the environment's: ``layout``: the channels-last pass (``channels_last``,
+lowering/layout.py). ``pool``: MAX/AVE pooling as strided views with phase-sum backwards
+(lowering/engines/windows.py, ``pool="phases"``) vs XLA's reduce_window (``pool="xla"``:
+select_and_scatter / padded window-sum backwards). ``pointwise``: 1×1 convolutions as one matrix
+product (lowering/engines/conv_forms.py, ``pointwise``) vs lax.conv. ``patches``: convolutions of
+≤ 4 input channels as im2col + one matrix product (``patches``) vs lax.conv / oneDNN. Both
+variants live in one process and are timed in alternating blocks (median per case; ratio on/off
+< 1 means the path pays). Writes ``benchmarks/results/<path>-<time>.json``/``.md``.
 """
 
 from __future__ import annotations
@@ -34,26 +36,28 @@ CASES = {
 SOLVER = (0.001, 0.9, 4e-3)
 
 
+# each path: the policy field it turns on and off, and its two values
+FIELDS = {
+    "layout": ("channels_last", True, False),
+    "pool": ("pool", "phases", "xla"),
+    "pointwise": ("pointwise", True, False),
+    "patches": ("patches", True, False),
+}
+
+
+def policy(path: str, on: bool):
+    """The environment's engine policy with ``path``'s field on or off."""
+    from caffe2jax.lowering.engines.policy import EnginePolicy
+
+    field, yes, no = FIELDS[path]
+    return EnginePolicy.from_env(**{field: yes if on else no})
+
+
 def runner(kind: str, prototxt: Path, shape, path: str, on: bool):
-    from caffe2jax.lowering import layout, pooling, vision
-
-    # read when a Model is built (layout) or when its program is traced (pool)
-    layout.CHANNELS_LAST_DEFAULT = on if path == "layout" else layout.CHANNELS_LAST_DEFAULT
-    pool_form = ("phases" if on else "xla") if path == "pool" else pooling.POOL_BACKWARD
-    pointwise = on if path == "pointwise" else vision.POINTWISE_DOT
-    few = (4 if on else 0) if path == "patches" else vision.FEW_CHANNELS
-    pooling.POOL_BACKWARD, vision.POINTWISE_DOT, vision.FEW_CHANNELS = pool_form, pointwise, few
     if kind == "train":
-        run = cpu_table.train_step(prototxt, shape, *SOLVER, "fp32")
-    else:
-        edit = cpu_table._alexnet_fc64 if prototxt == cpu_table.ALEXNET else None
-        run = cpu_table.deploy(prototxt, shape, "fp32", edit)[0]
-
-    def traced_with_its_setting():
-        pooling.POOL_BACKWARD, vision.POINTWISE_DOT, vision.FEW_CHANNELS = pool_form, pointwise, few
-        return run()
-
-    return traced_with_its_setting
+        return cpu_table.train_step(prototxt, shape, *SOLVER, "fp32", policy(path, on))
+    edit = cpu_table._alexnet_fc64 if prototxt == cpu_table.ALEXNET else None
+    return cpu_table.deploy(prototxt, shape, "fp32", edit, policy(path, on))[0]
 
 
 def main() -> int:
@@ -63,9 +67,6 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=7)
     args = parser.parse_args()
     configure_jax(compile_cache=False)
-    import os
-
-    os.environ.pop("CAFFE2JAX_CHANNELS_LAST", None)
     rows = []
     for name in args.cases.split(","):
         title, kind, prototxt, shape, calls = CASES[name]

@@ -10,7 +10,8 @@ data, as in a train step). XLA is ``lax.conv_general_dilated``; oneDNN is
 jitted in one process and timed in alternating blocks (median of the blocks after a warm-up), so
 other load on the machine hits both alike. Results are checked equal first (≤ 1e-5 of each
 array's largest magnitude). ``--steps``: benchmarks/cpu_table.py's LeNet and CIFAR-10 quick
-train steps with ``CAFFE2JAX_CPU_CONV=onednn`` and without, alternating likewise.
+train steps with the engine policy's ``conv="onednn-all"`` and ``conv="xla"``, alternating
+likewise.
 
 Measured on the 2-core AMD EPYC development machine (AVX-512; jax 0.10.2, onednn-cpu-gomp
 2023.2.0 = oneDNN 3.2), quiet (load average ≈ 1.4), ms per call, median of 5 blocks:
@@ -93,9 +94,10 @@ def time_block(fn, args, calls) -> float:
 
 def steps(blocks: int) -> None:
     """Whole train steps (benchmarks/cpu_table.py's), oneDNN on vs off, alternating blocks."""
-    import os
     import sys
     from pathlib import Path
+
+    from caffe2jax.lowering.engines.policy import EnginePolicy
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import cpu_table
@@ -108,12 +110,11 @@ def steps(blocks: int) -> None:
     print("|---|---|---|---|")
     for title, prototxt, shape, calls in cases:
         runs = {}
-        for v in ("onednn-all", "xla"):  # the env var is read when the step is traced
-            os.environ[onednn.ENV] = v
-            runs[v] = cpu_table.train_step(prototxt, shape, 0.001, 0.9, 4e-3, "fp32")
+        for v in ("onednn-all", "xla"):
+            engines = EnginePolicy.from_env(conv=v)
+            runs[v] = cpu_table.train_step(prototxt, shape, 0.001, 0.9, 4e-3, "fp32", engines)
             for _ in range(3):
                 jax.block_until_ready(runs[v]())
-        os.environ.pop(onednn.ENV)
         times = {"xla": [], "onednn-all": []}
         for _ in range(blocks):
             for v in times:
@@ -122,7 +123,8 @@ def steps(blocks: int) -> None:
         print(f"| {title} | {tx:.2f} | {to:.2f} | {tx / to:.2f}× |", flush=True)
 
 
-# batch, C, H(=W), num_output, kernel, pad, needs bottom diff: the sizes behind onednn.MIN_MACS
+# batch, C, H(=W), num_output, kernel, pad, needs bottom diff: the sizes behind the policy's
+# onednn_min_macs (lowering/engines/policy.py)
 SIZES = [
     (1, 3, 32, 32, 5, 2, False), (1, 32, 16, 32, 5, 2, True), (1, 32, 8, 64, 5, 2, True),
     (64, 1, 8, 20, 5, 2, False), (64, 20, 4, 50, 5, 2, True), (8, 3, 32, 32, 5, 2, False),
@@ -159,7 +161,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--ms-per-block", type=float, default=300.0)
     ap.add_argument("--steps", action="store_true", help="whole train steps instead")
-    ap.add_argument("--sizes", action="store_true", help="the size sweep behind MIN_MACS")
+    ap.add_argument("--sizes", action="store_true", help="the size sweep behind the size rule")
     args = ap.parse_args()
     if args.sizes:
         sizes(args.blocks)

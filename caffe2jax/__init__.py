@@ -29,6 +29,7 @@ _PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_sp
 _NAMES: dict[str, tuple[str, str | None]] = {
     "Model": ("caffe2jax.lowering.model", "Model"),
     "compile": ("caffe2jax.lowering.model", "compile"),
+    "EnginePolicy": ("caffe2jax.lowering.engines.policy", "EnginePolicy"),
     "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
@@ -96,6 +97,23 @@ class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.append(_ModuleAliases())
+
+
+class _CacheOnFirstUse(importlib.abc.MetaPathFinder):
+    """Turns JAX's persistent compilation cache on (:mod:`caffe2jax.runtime.compile_cache`)
+    when the part that compiles (``caffe2jax.lowering``) is first imported, by any way in: the
+    functional API, pycaffe and the CLI alike; the parser alone stays free of it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "caffe2jax.lowering":
+            sys.meta_path.remove(self)
+            from caffe2jax.runtime import compile_cache
+
+            compile_cache.enable_by_default()
+        return None
+
+
+sys.meta_path.insert(0, _CacheOnFirstUse())
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,9 @@ import re
 from types import MappingProxyType
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.dialect import Dialect
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.forms import layer_form
 
 
 def _layer_lines(text: str) -> dict[str, int]:
@@ -61,8 +63,9 @@ def _param_specs(param: caffe_pb2.LayerParameter) -> tuple[ir.ParamSpec, ...]:
 
 
 class _Builder:
-    def __init__(self, source: str, text: str):
+    def __init__(self, source: str, text: str, dialect: Dialect):
         self.source = source
+        self.dialect = dialect
         self.lines = _layer_lines(text) if text else {}
         self.current: dict[str, str] = {}  # user name → SSA id of its latest version
         self.first: dict[str, str] = {}  # user name → SSA id of its first version
@@ -100,6 +103,10 @@ class _Builder:
             if top in top_names[:i]:
                 raise self.fail(param, f"top blob '{top}' appears twice")
             tops.append(self._version(top, name))
+        try:
+            form = layer_form(param, self.dialect)
+        except ValueError as err:
+            raise self.fail(param, str(err)) from None
         return ir.Layer(
             name=name,
             type=param.type,
@@ -113,6 +120,7 @@ class _Builder:
             param=param,
             line=self.lines.get(param.name, 0),
             source=self.source,
+            form=form,
         )
 
     def _version(self, name: str, writer: str) -> str:
@@ -156,12 +164,15 @@ def build_net(
     *,
     source: str = "",
     text: str = "",
+    dialect: Dialect | None = None,
 ) -> ir.Net:
     """Build the IR of an upgraded, filtered NetParameter.
 
-    ``source`` (a file name) and ``text`` (its contents) only improve error messages.
+    ``source`` (a file name) and ``text`` (its contents) only improve error messages;
+    ``dialect`` (default BVLC) decides the forms the text alone leaves open.
     """
-    builder = _Builder(source, text)
+    dialect = dialect or Dialect()
+    builder = _Builder(source, text, dialect)
     layers = [builder.layer(param, name) for param, name in zip(net.layer, _unique_names(net))]
     rename = _rename_last_versions(layers, builder.current)
 
@@ -190,4 +201,5 @@ def build_net(
         first_version=MappingProxyType({u: ssa(s) for u, s in builder.first.items()}),
         source=source,
         param=net,
+        dialect=dialect.key,
     )

@@ -39,6 +39,9 @@ class Layer:
     ``param`` is the layer's ``caffe_pb2.LayerParameter`` (read it, never mutate it).
     ``loss_weights`` has one entry per top (Caffe's defaults applied).
     ``propagate_down`` is empty when the prototxt does not set it, else one flag per bottom.
+    ``form`` tells apart the layers a fork type string names in several forks ("segnet" or
+    "pspnet" for BN, "max_unpool" or "nearest" for Upsample, ...; "" when the type has one
+    meaning): see :mod:`caffe2jax.frontend.forms`.
     """
 
     name: str
@@ -53,6 +56,7 @@ class Layer:
     param: Any = field(compare=False, repr=False)
     line: int = 0
     source: str = field(default="", compare=False)  # the prototxt file the layer came from
+    form: str = ""
 
     @property
     def where(self) -> str:
@@ -89,6 +93,8 @@ class Net:
     ``first_version`` maps it to the id of its first writer (where Caffe's in-place diff ends).
     ``shapes`` maps SSA ids to shapes once lowering has inferred them (empty before).
     ``backward`` holds per-layer :class:`Backward` once param counts are known (empty before).
+    ``dialect`` is the key of the fork numbering the net's binary files are read with ("bvlc",
+    "pspnet", "ssd+ceil_mode", ...; see :mod:`caffe2jax.frontend.dialect`).
     """
 
     name: str
@@ -103,6 +109,7 @@ class Net:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
     backward: Mapping[str, Backward] = field(default_factory=lambda: MappingProxyType({}))
     param: Any = field(default=None, compare=False, repr=False)
+    dialect: str = "bvlc"
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:

@@ -1,7 +1,13 @@
 """Prototxt text (or binary protobuf) → caffe_pb2 messages, with file:line:col errors.
 
 Reproduces what Caffe's ReadProtoFromTextFile / ReadProtoFromBinaryFile accept: protobuf text
-format (singular fields set once), or a serialized binary message.
+format (singular fields set once), or a serialized binary message. Text is read by field name,
+so a fork's prototxt parses whatever numbers the fork used; binary messages are decoded with
+the numbers of the fork that wrote them (:mod:`caffe2jax.frontend.dialect_schema`).
+
+Templates: some forks ship prototxts with ``${NAME}`` placeholders that their scripts fill in
+before running Caffe (DeepLab's ``${NUM_LABELS}``); ``defines={"NUM_LABELS": "21"}`` does the
+same here.
 """
 
 from __future__ import annotations
@@ -9,18 +15,25 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from google.protobuf import message, text_format
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.dialect import BVLC, Dialect, DialectError
+from caffe2jax.frontend.dialect_schema import decode, decode_net
+from caffe2jax.frontend.dialects import FORKS
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.fork_types import UNKNOWN_FORK_FIELDS
 
 M = TypeVar("M", bound=message.Message)
 
 _POSITION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
 _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_NO_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
+_TEMPLATE = re.compile(r"\$\{(\w+)\}")
 
 
 _TOKEN_LIMIT = 40
@@ -36,7 +49,7 @@ def _token_at(text: str, line: int, column: int) -> str:
     if not 1 <= line <= len(lines):
         return "<end of file>"
     rest = lines[line - 1][max(column - 1, 0) :]
-    match = re.match(r'\s*("[^"]*"|[\w.+-]+|\S)', rest)
+    match = re.match(r'\s*("[^"]*"|\$\{\w+\}|[\w.+-]+|\S)', rest)
     return _clip(match.group(1)) if match else "<end of line>"
 
 
@@ -53,12 +66,34 @@ def _drop_echo(detail: str, text: str, line: int) -> str:
     )
 
 
-def _explain(detail: str, message_type: type[message.Message]) -> str:
-    """Rewrite protobuf's wording into Caffe terms, with a suggestion for unknown fields."""
+def _explain(detail: str, message_type: type[message.Message], token: str = "") -> str:
+    """Rewrite protobuf's wording into Caffe terms: unknown fields and V1 types of forks name
+    their fork, template variables say how to fill them, other unknown fields get a
+    suggestion."""
+    template = _TEMPLATE.match(token.strip('"'))
+    if template:
+        name = template.group(1)
+        return (
+            f"template variable ${{{name}}}: this prototxt is a template whose scripts fill "
+            f"in ${{...}} before running Caffe; give its value (defines={{'{name}': ...}}, "
+            f"--define {name}=...)"
+        )
+    value = _NO_VALUE.search(detail)
+    if value and value.group(1) == "caffe.V1LayerParameter.LayerType":
+        forks = ", ".join(f.name for f in FORKS if f.v1_types)
+        return (
+            f"unknown V1 layer type {value.group(2)} (caffe2jax reads BVLC's V1 types and "
+            f"those of {forks})"
+        )
     match = _NO_FIELD.search(detail)
     if not match:
         return detail.rstrip(".")
     owner, name = match.groups()
+    if name in UNKNOWN_FORK_FIELDS:
+        return (
+            f"'{name}' is a field of {UNKNOWN_FORK_FIELDS[name]}, which caffe2jax does not "
+            "support yet"
+        )
     msg_name = owner.split(".")[-1]
     known = _fields_of(owner, message_type)
     hint = difflib.get_close_matches(name, known, n=1)
@@ -75,8 +110,22 @@ def _fields_of(full_name: str, root: type[message.Message]) -> list[str]:
         return []
 
 
-def parse_text(text: str, message_type: type[M], filename: str = "<string>") -> M:
-    """Parse protobuf text format into a new ``message_type``; errors name file:line:col."""
+def substitute(text: str, defines: Mapping[str, object] | None) -> str:
+    """``text`` with each ``${NAME}`` of ``defines`` replaced by its value (others kept)."""
+    if not defines:
+        return text
+    return _TEMPLATE.sub(lambda m: str(defines.get(m.group(1), m.group(0))), text)
+
+
+def parse_text(
+    text: str,
+    message_type: type[M],
+    filename: str = "<string>",
+    defines: Mapping[str, object] | None = None,
+) -> M:
+    """Parse protobuf text format into a new ``message_type``; errors name file:line:col.
+    ``${NAME}`` placeholders named in ``defines`` are filled in first."""
+    text = substitute(text, defines)
     msg = message_type()
     try:
         text_format.Parse(text, msg)
@@ -89,20 +138,27 @@ def parse_text(text: str, message_type: type[M], filename: str = "<string>") -> 
         where = f"{filename}:{line or '?'}:{column or '?'}"
         detail = _clip(_drop_echo(detail, text, line or 0), 120)
         raise PrototxtError(
-            f"{where}: {_explain(detail, message_type)} (at token {token!r})"
+            f"{where}: {_explain(detail, message_type, token)} (at token {token!r})"
         ) from None
     return msg
 
 
-def parse_binary(data: bytes, message_type: type[M], filename: str = "<bytes>") -> M:
-    """Parse a serialized binary message; a clear error when the bytes are not one."""
-    msg = message_type()
+def parse_binary(
+    data: bytes,
+    message_type: type[M],
+    filename: str = "<bytes>",
+    dialect: str | Dialect | None = None,
+) -> M:
+    """Parse a serialized binary message written with ``dialect``'s numbers (a NetParameter:
+    by default the dialect its own bytes point to; other messages: BVLC's); a clear error
+    when the bytes are not one, or hold numbers the dialect does not have."""
     try:
-        msg.ParseFromString(data)
+        if message_type is caffe_pb2.NetParameter:
+            return decode_net(data, dialect, filename)
+        return decode(data, message_type.DESCRIPTOR.name, dialect or BVLC, filename)
     except (message.DecodeError, RuntimeError, ValueError) as err:
         kind = message_type.DESCRIPTOR.name
         raise PrototxtError(f"{filename}: not a binary {kind} ({_clip(str(err), 100)})") from None
-    return msg
 
 
 _CONTROL = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D} | {0x7F}
@@ -126,29 +182,39 @@ def _looks_text(data: bytes) -> bool:
     return odd <= max(4, len(head) // 50)
 
 
-def _parse_bytes(data: bytes, message_type: type[M], filename: str) -> M:
+def _parse_bytes(
+    data: bytes, message_type: type[M], filename: str, dialect=None, defines=None
+) -> M:
     """Caffe tries text for .prototxt files and binary otherwise; here: text unless the bytes
     look binary, and a file that is neither is reported as the text it looks like (with
     file:line:col at the bad byte) rather than as a corrupt binary message."""
     if not _looks_binary(data):
-        return parse_text(data.decode("utf-8"), message_type, filename)
+        return parse_text(data.decode("utf-8"), message_type, filename, defines)
     try:
-        return parse_binary(data, message_type, filename)
-    except PrototxtError:
+        return parse_binary(data, message_type, filename, dialect)
+    except (PrototxtError, DialectError):
         if not _looks_text(data):
             raise
-    return parse_text(data.decode("utf-8", errors="replace"), message_type, filename)
+    return parse_text(data.decode("utf-8", errors="replace"), message_type, filename, defines)
 
 
-def read_message(source: str | os.PathLike | bytes, message_type: type[M]) -> M:
+def read_message(
+    source: str | os.PathLike | bytes,
+    message_type: type[M],
+    *,
+    dialect: str | Dialect | None = None,
+    defines: Mapping[str, object] | None = None,
+) -> M:
     """Read a message from a path (text or binary file), prototxt text, or binary bytes.
 
     A ``str`` containing a newline or ``{`` is prototxt text; any other ``str`` is a path.
+    ``dialect`` is the fork numbering of a binary message (see :func:`parse_binary`);
+    ``defines`` fill a template's ``${NAME}`` placeholders.
     """
     if isinstance(source, bytes):
-        return _parse_bytes(source, message_type, "<bytes>")
+        return _parse_bytes(source, message_type, "<bytes>", dialect, defines)
     if isinstance(source, str) and ("\n" in source or "{" in source):
-        return parse_text(source, message_type)
+        return parse_text(source, message_type, defines=defines)
     path = Path(source)
     try:
         data = path.read_bytes()
@@ -158,12 +224,18 @@ def read_message(source: str | os.PathLike | bytes, message_type: type[M]) -> M:
         raise PrototxtError(f"{path}: is a directory, expected a prototxt file") from None
     except OSError as err:
         raise PrototxtError(f"{path}: cannot read ({err.strerror})") from None
-    return _parse_bytes(data, message_type, str(path))
+    return _parse_bytes(data, message_type, str(path), dialect, defines)
 
 
-def read_net(source: str | os.PathLike | bytes) -> caffe_pb2.NetParameter:
-    """A NetParameter from a .prototxt path, prototxt text, or a binary NetParameter."""
-    return read_message(source, caffe_pb2.NetParameter)
+def read_net(
+    source: str | os.PathLike | bytes,
+    *,
+    dialect: str | Dialect | None = None,
+    defines: Mapping[str, object] | None = None,
+) -> caffe_pb2.NetParameter:
+    """A NetParameter from a .prototxt path, prototxt text, or a binary NetParameter (decoded
+    with ``dialect``'s numbers; by default those its bytes point to)."""
+    return read_message(source, caffe_pb2.NetParameter, dialect=dialect, defines=defines)
 
 
 def read_solver(source: str | os.PathLike | bytes) -> caffe_pb2.SolverParameter:

@@ -1,38 +1,57 @@
-"""The frontend in one call: prototxt → parse → upgrade → filter → build → ir.Net."""
+"""The frontend in one call: prototxt → parse → dialect → upgrade → filter → build → ir.Net."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.build import build_net
+from caffe2jax.frontend.dialect import Dialect, detect, get
 from caffe2jax.frontend.filter import filter_net, make_state
-from caffe2jax.frontend.parse import read_net
+from caffe2jax.frontend.parse import read_net, substitute
 from caffe2jax.frontend.upgrade import upgrade_net
 
 NetSource = str | os.PathLike | bytes | caffe_pb2.NetParameter
 
 
-def _describe(source: NetSource) -> tuple[str, str]:
+def _describe(source: NetSource, defines: Mapping[str, object] | None) -> tuple[str, str]:
     """(file name, text) of a source, for error messages; empty when not a text file."""
     if isinstance(source, caffe_pb2.NetParameter | bytes):
         return "", ""
     if isinstance(source, str) and ("\n" in source or "{" in source):
-        return "<string>", source
+        return "<string>", substitute(source, defines)
     path = Path(source)
     try:
-        return str(path), path.read_text(encoding="utf-8")
+        return str(path), substitute(path.read_text(encoding="utf-8"), defines)
     except (OSError, UnicodeDecodeError):
         return str(path), ""
 
 
-def load_param(source: NetSource) -> caffe_pb2.NetParameter:
+def read_param(
+    source: NetSource,
+    dialect: str | Dialect | None = None,
+    defines: Mapping[str, object] | None = None,
+) -> tuple[caffe_pb2.NetParameter, Dialect]:
+    """The net as written (not upgraded) and its dialect: ``dialect`` when given, else the
+    one its text points to (:func:`caffe2jax.frontend.dialect.detect`)."""
+    if isinstance(source, caffe_pb2.NetParameter):
+        net = source
+    else:
+        net = read_net(source, dialect=dialect, defines=defines)
+    return net, get(dialect) if dialect is not None else detect(net)
+
+
+def load_param(
+    source: NetSource,
+    dialect: str | Dialect | None = None,
+    defines: Mapping[str, object] | None = None,
+) -> caffe_pb2.NetParameter:
     """Parse and upgrade a net definition (a path, prototxt text, bytes or a NetParameter)."""
-    name, _ = _describe(source)
-    net = source if isinstance(source, caffe_pb2.NetParameter) else read_net(source)
-    return upgrade_net(net, source=name)
+    name, text = _describe(source, defines)
+    net, _ = read_param(source, dialect, defines)
+    return upgrade_net(net, source=name, text=text)
 
 
 def load_net(
@@ -41,13 +60,20 @@ def load_net(
     level: int = 0,
     stages: Iterable[str] = (),
     state: caffe_pb2.NetState | None = None,
+    *,
+    dialect: str | Dialect | None = None,
+    defines: Mapping[str, object] | None = None,
 ) -> ir.Net:
     """The IR of ``source`` for a NetState (phase, level, stages; or an explicit ``state``).
 
     As in Caffe's Net constructor, the given stages add to the stages the net itself declares.
+    ``dialect`` overrides the fork numbering detected from the text (it decides how the net's
+    binary files are read and the layer forms the text leaves open); ``defines`` fill a
+    template's ``${NAME}`` placeholders.
     """
-    name, text = _describe(source)
-    net = load_param(source)
+    name, text = _describe(source, defines)
+    raw, chosen = read_param(source, dialect, defines)
+    net = upgrade_net(raw, source=name, text=text)
     if state is None:
         state = make_state(phase, level, stages, base=net.state)
-    return build_net(filter_net(net, state), source=name, text=text)
+    return build_net(filter_net(net, state), source=name, text=text, dialect=chosen)

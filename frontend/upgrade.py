@@ -23,6 +23,13 @@ from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import PrototxtError, SolverError
+from caffe2jax.frontend.upgrade_forks import (
+    FORK_V1_PARAMS,
+    FORK_V1_TYPES,
+    needs_fork_upgrade,
+    upgrade_fork_layers,
+    v1_layer_extras,
+)
 from caffe2jax.frontend.upgrade_v0 import net_needs_v0_upgrade, upgrade_v0_net
 
 V1 = caffe_pb2.V1LayerParameter
@@ -69,6 +76,7 @@ V1_LAYER_TYPES: dict[str, str] = {
     "TANH": "TanH",
     "WINDOW_DATA": "WindowData",
     "THRESHOLD": "Threshold",
+    **FORK_V1_TYPES,  # DeepLab v1, C3D v1.0, eric612 (frontend/upgrade_forks.py)
 }
 
 #: The V1 parameter messages UpgradeV1LayerParameter copies to the same-named current field.
@@ -79,7 +87,7 @@ V1_COPIED_PARAMS: tuple[str, ...] = tuple(
         "hdf5_data hdf5_output hinge_loss image_data infogain_loss inner_product lrn memory_data "
         "mvn pooling power relu sigmoid softmax slice tanh threshold window_data transform loss"
     ).split()
-)
+) + FORK_V1_PARAMS  # fmt: skip
 
 #: V1 data layer type → its parameter message holding deprecated transformation fields.
 _DATA_LAYER_PARAMS = {
@@ -114,11 +122,15 @@ def net_needs_upgrade(net: caffe_pb2.NetParameter) -> bool:
         or _needs_data_upgrade(net)
         or _needs_input_upgrade(net)
         or _needs_batch_norm_upgrade(net)
+        or needs_fork_upgrade(net)
     )
 
 
-def upgrade_net(net: caffe_pb2.NetParameter, source: str = "") -> caffe_pb2.NetParameter:
-    """Caffe's UpgradeNetAsNeeded on a copy of ``net``; ``source`` names the file in errors."""
+def upgrade_net(
+    net: caffe_pb2.NetParameter, source: str = "", text: str = ""
+) -> caffe_pb2.NetParameter:
+    """Caffe's UpgradeNetAsNeeded on a copy of ``net``, then the forks' deprecated forms
+    (:mod:`~caffe2jax.frontend.upgrade_forks`); ``source`` and ``text`` locate errors."""
     out = caffe_pb2.NetParameter()
     out.CopyFrom(net)
     if out.layers and out.layer:
@@ -129,6 +141,7 @@ def upgrade_net(net: caffe_pb2.NetParameter, source: str = "") -> caffe_pb2.NetP
         _upgrade_data_transformation(out)
     if _needs_v1_upgrade(out):
         out = _upgrade_v1_net(out)
+    upgrade_fork_layers(out, source, text)
     if _needs_input_upgrade(out):
         _upgrade_input(out, source)
     if _needs_batch_norm_upgrade(out):
@@ -213,6 +226,7 @@ def upgrade_v1_layer(v1: caffe_pb2.V1LayerParameter) -> caffe_pb2.LayerParameter
     for name in V1_COPIED_PARAMS:
         if v1.HasField(name):
             getattr(out, name).CopyFrom(getattr(v1, name))
+    v1_layer_extras(v1, out)
     return out
 
 

@@ -122,8 +122,6 @@ def eltwise(layer, params, bottoms, ctx):
     NaN where that bottom is 0). Both are the derivative of Π x_i, which is what we use.
     """
     p = layer.param.eltwise_param
-    if len(bottoms) < 2:
-        raise fail(layer, f"needs at least 2 bottoms, got {len(bottoms)}")
     if p.coeff and p.operation != _ELTWISE.SUM:
         raise fail(layer, "Eltwise layer only takes coefficients for summation")
     if p.coeff and len(p.coeff) != len(bottoms):
@@ -137,6 +135,11 @@ def eltwise(layer, params, bottoms, ctx):
         return [_eltwise_max(bottoms)]
     coeffs = list(p.coeff) or [1.0] * len(bottoms)
     return [functools.reduce(jnp.add, [c * b for c, b in zip(coeffs, bottoms)])]
+
+
+# element by element over bottoms of one shape (refused otherwise): the same function in any
+# layout (lowering/layout.py)
+eltwise.nhwc(eltwise.fn)
 
 
 # -- Reduction ----------------------------------------------------------------------------

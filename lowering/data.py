@@ -42,10 +42,10 @@ _DATA = "caffe2jax.runtime.data."
 DATA_LAYERS: dict[str, DataLayer] = {
     "Input": DataLayer((0, 0, 1, None), "caller"),
     "MemoryData": DataLayer((0, 0, 2, 2), "memory", _DATA + "feeding:MemoryData"),
-    "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "sources:DataLayerSource"),
-    "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "sources:ImageDataSource"),
+    "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "data_layer:DataLayerSource"),
+    "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "image_data:ImageDataSource"),
     "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
-    "WindowData": DataLayer((0, 0, 2, 2), "pipeline"),
+    "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
     "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
 }
 

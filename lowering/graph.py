@@ -2,7 +2,8 @@
 
 ``Graph(net, input_shapes)`` looks every layer up in the registry, declares its param blobs,
 infers every top shape with ``jax.eval_shape`` (no second shape table), resolves shared params
-(Caffe's AppendParam ownership and shape checks) and Caffe's need-backward analysis. Then::
+(Caffe's AppendParam ownership and shape checks, lowering/limits.py's blob limits) and Caffe's
+need-backward analysis. Then::
 
     params, state = graph.init(key)
     blobs, state = graph.apply(params, state, inputs, rng)     # pure, jittable
@@ -10,18 +11,21 @@ infers every top shape with ``jax.eval_shape`` (no second shape table), resolves
 
 Gradients are JAX's, with ``stop_gradient`` exactly where Caffe computes no diff (bottoms and
 params Net::Init marks as not needing backward), so ``jax.grad`` of the objective equals the
-diffs Caffe's Backward leaves in the params.
+diffs Caffe's Backward leaves in the params. When it is built, a Graph is also planned
+(lowering/planning.py) under its engine policy (``policy=``, lowering/engines/policy.py): which
+layers run channels-last (``nhwc_layers``) and the form of each convolution and pooling
+(``engines``); a run executes that plan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
@@ -29,9 +33,12 @@ from caffe2jax.frontend.backward import resolve_backward
 from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
+from caffe2jax.lowering.engines.policy import EnginePolicy
+from caffe2jax.lowering.engines.policy import resolve as resolve_policy
 from caffe2jax.lowering.engines.precision import Precision, cast, resolve
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.limits import check_blobs
+from caffe2jax.lowering.planning import RunPlan, Step, plan_engines, plan_run
 from caffe2jax.lowering.registry import (
     Context,
     Lowering,
@@ -41,6 +48,7 @@ from caffe2jax.lowering.registry import (
     carry_of,
     lookup,
 )
+from caffe2jax.lowering.sharing import resolve_sharing
 
 Params = dict[str, list[Any]]
 
@@ -82,9 +90,13 @@ class Graph:
         dtype: Any = jnp.float32,
         precision: str | Precision | None = None,
         channels_last: bool | None = None,
+        policy: EnginePolicy | None = None,
     ):
         self.dtype = jnp.dtype(dtype)
         self.precision = resolve(precision)
+        self.policy = resolve_policy(policy)
+        if channels_last is not None:
+            self.policy = dataclasses.replace(self.policy, channels_last=channels_last)
         self.phase = net.phase
         self._init = None
         self.lowerings: dict[str, Lowering] = {}
@@ -96,11 +108,10 @@ class Graph:
                 raise _fail(layer, problem)
         self.decls: dict[str, list[ParamDecl]] = {}
         self.carries: dict[str, list[ParamDecl]] = {}
-        self.shared: dict[tuple[str, int], tuple[str, int]] = {}
         self.inputs: dict[str, Shape] = {}
         self._input_ssa: dict[str, str] = {}
         shapes = self._infer(net, dict(input_shapes or {}))
-        self._resolve_sharing(net)
+        self.shared = resolve_sharing(net, self.decls)
         net = net.with_shapes(shapes)
         self.net = resolve_backward(
             net,
@@ -112,11 +123,19 @@ class Graph:
         )
         self.caffe_layers = insert_splits(self.net)
         self._layer = {layer.name: layer for layer in self.net.layers}
-        if channels_last is None:
-            channels_last = layout.default_channels_last()
-        self.channels_last = channels_last
-        self.nhwc_layers = layout.plan(self.net) if channels_last else frozenset()
         self._index = {layer.name: k for k, layer in enumerate(self.net.layers)}
+        # the engine plan: which layers run channels-last, and each layer's engine choice
+        self.nhwc_layers = layout.plan(self.net) if self.policy.channels_last else frozenset()
+        self.engines = plan_engines(
+            self.net, self.lowerings, self.policy, self.nhwc_layers,
+            lambda type_: self.precision.layer_dtype(type_, self.dtype),
+        )  # fmt: skip
+        self._runs: dict[tuple, RunPlan] = {}
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether the channels-last pass is on (``policy.channels_last``)."""
+        return self.policy.channels_last
 
     # -- compile time ---------------------------------------------------------------------
 
@@ -140,6 +159,7 @@ class Graph:
         for k, layer in enumerate(net.layers):
             with _at(layer):
                 self._infer_layer(k, layer, shapes, given)
+                check_blobs(layer, [shapes[t] for t in layer.tops], self.decls.get(layer.name, ()))
         if given:
             raise NetError(f"input_shapes names unknown input blob(s): {', '.join(sorted(given))}")
         return shapes
@@ -147,21 +167,19 @@ class Graph:
     def _infer_layer(self, k: int, layer: ir.Layer, shapes: dict, given: dict) -> None:
         lowering = self.lowerings[layer.name]
         if lowering.source:
-            declared = self._source_shapes(layer, given)
-            check_blobs(layer, declared)
-            for ssa, user, shape in zip(layer.tops, layer.top_names, declared):
+            for ssa, user, shape in zip(
+                layer.tops, layer.top_names, self._source_shapes(layer, given)
+            ):
                 shapes[ssa] = shape
                 self.inputs[user] = shape
                 self._input_ssa[user] = ssa
             return
         bottom_shapes = [shapes[b] for b in layer.bottoms]
         self.decls[layer.name] = lowering.declare(layer, bottom_shapes)
-        check_blobs(layer, (), self.decls[layer.name])
         carries = lowering.declare_carry(layer, bottom_shapes)
         if carries:
             self.carries[layer.name] = carries
         tops = self._eval_tops(k, layer, lowering, bottom_shapes)
-        check_blobs(layer, tops)
         shapes.update(zip(layer.tops, tops))
 
     def _eval_tops(self, k, layer, lowering, bottom_shapes) -> list[Shape]:
@@ -191,50 +209,11 @@ class Graph:
             raise _fail(layer, f"produced {len(tops)} top(s) but the net names {len(layer.tops)}")
         return [tuple(t.shape) for t in tops]
 
-    def _resolve_sharing(self, net: ir.Net) -> None:
-        """Caffe's AppendParam: the first layer naming a param owns it; later ones share it."""
-        owners: dict[str, tuple[str, int]] = {}
-        for layer in net.layers:
-            for j, decl in enumerate(self.decls.get(layer.name, [])):
-                spec = layer.spec(j)
-                if not spec.name:
-                    continue
-                if spec.name not in owners:
-                    owners[spec.name] = (layer.name, j)
-                    continue
-                owner, oj = owners[spec.name]
-                theirs = self.decls[owner][oj]
-                if decl.state or theirs.state:
-                    raise _fail(layer, f"param '{spec.name}' is a state blob and cannot be shared")
-                same = (
-                    np.prod(decl.shape) == np.prod(theirs.shape)
-                    if spec.permissive
-                    else decl.shape == theirs.shape
-                )
-                if not same:
-                    raise _fail(
-                        layer,
-                        f"cannot share param '{spec.name}' owned by layer '{owner}': owner shape "
-                        f"{list(theirs.shape)}, this layer's shape {list(decl.shape)}"
-                        + (" (count mismatch)" if spec.permissive else ""),
-                    )
-                self._check_mults(layer, spec, net.layer(owner).spec(oj))
-                self.shared[(layer.name, j)] = (owner, oj)
-
-    @staticmethod
-    def _check_mults(layer: ir.Layer, spec: ir.ParamSpec, owner: ir.ParamSpec) -> None:
-        for field in ("lr_mult", "decay_mult"):
-            mine, theirs = getattr(spec, field), getattr(owner, field)
-            if getattr(spec, f"has_{field}") and getattr(owner, f"has_{field}") and mine != theirs:
-                raise _fail(layer, f"shared param '{spec.name}' has mismatched {field}")
-
     # -- run time -------------------------------------------------------------------------
 
     def init(self, key: jax.Array) -> tuple[Params, Params]:
-        """Fresh params and state from each blob's Caffe filler (shared slots hold None).
-
-        One compiled program for the whole net, drawing from two shared sample pools.
-        """
+        """Fresh params and state from each blob's Caffe filler (shared slots hold None): one
+        compiled program for the whole net, drawing from two shared sample pools."""
         if self._init is None:
             self._init = jax.jit(self._init_fn)
         return self._init(key)
@@ -246,6 +225,16 @@ class Graph:
             for j, decl in enumerate(self.decls.get(layer.name, []))
             if (layer.name, j) not in self.shared
         ]
+
+    def owned(self) -> list[tuple[str, int, ParamDecl]]:
+        """``(layer, blob index, declaration)`` of every param blob a layer owns, in net order:
+        Caffe's params minus the slots shared from an earlier layer (AppendParam)."""
+        return self._owned()
+
+    @property
+    def input_versions(self) -> dict[str, str]:
+        """The SSA id each input blob (a source layer's top) is written as, by user name."""
+        return dict(self._input_ssa)
 
     def _init_fn(self, key: jax.Array) -> tuple[Params, Params]:
         owned = self._owned()
@@ -275,6 +264,11 @@ class Graph:
             else:
                 out.append(params[layer.name][j])
         return out
+
+    def feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """``inputs`` (by user name) as the blob versions :meth:`run` reads, every input
+        present and of the shape the net was compiled for (one clear error otherwise)."""
+        return self._feed(inputs)
 
     def _feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
         missing = [name for name in self.inputs if name not in inputs]
@@ -344,70 +338,57 @@ class Graph:
             env[name] = env[name] + taps[name]
         new_state = NetState({name: list(blobs) for name, blobs in state.items()},
                              {name: list(c) for name, c in carry_of(state).items()})  # fmt: skip
-        layers = self.caffe_layers
-        nhwc: set[str] = set()  # blobs held channels-last (lowering/layout.py)
-        made_by: dict[str, str] = {}  # blob -> the Caffe type of the layer that computed it
-
-        def tap(top):
-            return layout.to_nhwc(taps[top]) if top in nhwc else taps[top]
-
-        for k in range(start, len(layers) if stop is None else stop):
-            caffe = layers[k]
-            if caffe.is_split:
-                value = env[caffe.bottoms[0]]
-                if caffe.bottoms[0] in nhwc:
-                    nhwc.update(caffe.tops)
-                for top in caffe.tops:
-                    made_by[top] = made_by.get(caffe.bottoms[0], "")
-                    env[top] = value + tap(top) if top in taps else value
-                continue
-            layer = self._layer[caffe.key]
-            lowering = self.lowerings[layer.name]
-            if lowering.source or (keep and all(t in keep for t in layer.tops)):
-                continue
-            backward = self.net.backward[layer.name]
-            dtype = self.precision.layer_dtype(layer.type, self.dtype)
-            channels_last = layer.name in self.nhwc_layers
-            bottoms = [
-                cast(env[b] if backward.bottoms[i] else lax.stop_gradient(env[b]), dtype)
-                for i, b in enumerate(caffe.bottoms)
-            ]
-            bottoms = [
-                (layout.to_nhwc(x) if b not in nhwc else x)
-                if channels_last
-                else (layout.to_nchw(x) if b in nhwc else x)
-                for b, x in zip(caffe.bottoms, bottoms)
-            ]
-            blobs = [
-                cast(b if backward.params[j] else lax.stop_gradient(b), dtype)
-                for j, b in enumerate(self.layer_blobs(layer, params, state))
-            ]
-            made = tuple(made_by.get(b, "") for b in caffe.bottoms)
-            ctx = Context(self.phase, rng, dtype, layer_name=layer.name,
-                          layer_index=self._index[layer.name], bottom_types=made)  # fmt: skip
-            if layer.name in self.carries:
-                ctx.carry = [
-                    lax.stop_gradient(c)
-                    for c in carry_of(state).get(layer.name)
-                    or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
-                ]
-            if channels_last:
-                out = layout.NHWC_FNS[layer.type](layer, blobs, bottoms, ctx)
-                nhwc.update(layer.tops)
+        plan = self._plan_run(start, stop, keep)
+        for step in plan.steps:
+            if step.layer is None:  # a Split: each top is its bottom
+                out = [env[step.bottoms[0]]] * len(step.tops)
             else:
-                out = lowering.fn(layer, blobs, bottoms, ctx)
-            if layer.name in self.carries:
-                out, carried = out
-                new_state.carry[layer.name] = [lax.stop_gradient(c) for c in carried]
-            if lowering.stateful:
-                out, updated = out
-                slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]
-                for j, value in zip(slots, updated):
-                    new_state[layer.name][j] = lax.stop_gradient(value)
-            for top, value in zip(layer.tops, out):
-                env[top] = value + tap(top) if top in taps else value
-                made_by[top] = layer.type
-        return layout.restore(env, nhwc), new_state
+                out = self._layer_step(step, params, state, env, rng, new_state)
+            for top, value in zip(step.tops, out):
+                if top in taps:
+                    tap = taps[top]
+                    value = value + (layout.to_nhwc(tap) if top in step.nhwc_tops else tap)
+                env[top] = value
+        return layout.restore(env, plan.held), new_state
+
+    def _plan_run(self, start: int, stop: int | None, keep: Collection[str]) -> RunPlan:
+        """The steps of running Caffe's layers ``start``..``stop - 1`` (cached)."""
+        key = (start, stop, frozenset(keep))
+        if key not in self._runs:
+            self._runs[key] = plan_run(self, start, stop, keep)
+        return self._runs[key]
+
+    def _layer_step(self, step: Step, params, state, env, rng, new_state) -> list[jax.Array]:
+        """One layer of a run: its bottoms (no gradient where Caffe computes no diff, in the
+        layer's dtype and layout), its blobs, its context; state and carry written back."""
+        layer = step.layer
+        backward = self.net.backward[layer.name]
+        bottoms = [
+            layout.convert(cast(x if backward.bottoms[i] else lax.stop_gradient(x), step.dtype), to)
+            for i, (x, to) in enumerate(zip((env[b] for b in step.bottoms), step.transposes))
+        ]
+        blobs = [
+            cast(b if backward.params[j] else lax.stop_gradient(b), step.dtype)
+            for j, b in enumerate(self.layer_blobs(layer, params, state))
+        ]
+        ctx = Context(self.phase, rng, step.dtype, layer_name=layer.name,
+                      layer_index=self._index[layer.name], engine=step.engine)  # fmt: skip
+        if layer.name in self.carries:
+            ctx.carry = [
+                lax.stop_gradient(c)
+                for c in carry_of(state).get(layer.name)
+                or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
+            ]
+        out = step.fn(layer, blobs, bottoms, ctx)
+        if layer.name in self.carries:
+            out, carried = out
+            new_state.carry[layer.name] = [lax.stop_gradient(c) for c in carried]
+        if self.lowerings[layer.name].stateful:
+            out, updated = out
+            slots = [j for j, d in enumerate(self.decls[layer.name]) if d.state]
+            for j, value in zip(slots, updated):
+                new_state[layer.name][j] = lax.stop_gradient(value)
+        return out
 
     def objective(self, blobs: Mapping[str, jax.Array]) -> jax.Array:
         """Caffe's net loss: Σ over tops of loss_weight · Σ(top data)."""

@@ -38,10 +38,7 @@ def shape_problem(shape: Sequence[int]) -> str:
         return f"has a negative dim ({negative[0]}); every dim must be >= 0"
     if 0 in shape or math.prod(shape) <= INT_MAX:
         return ""
-    return (
-        f"holds {show_count(shape)} values, more than Caffe's limit of {INT_MAX} (INT_MAX); "
-        "lower the batch size or the dims"
-    )
+    return f"holds {show_count(shape)} values, over Caffe's INT_MAX ({INT_MAX}); lower the dims"
 
 
 def show_count(shape: Sequence[int]) -> str:
@@ -57,8 +54,8 @@ def show_count(shape: Sequence[int]) -> str:
 def check_blobs(layer: ir.Layer, tops: Sequence[Sequence[int]], params: Sequence = ()) -> None:
     """Raise a NetError naming ``layer`` and the blob when one of its tops (in the order of
     ``layer.top_names``) or param declarations (``.shape``) has a shape Caffe refuses."""
-    named = [(f"top '{name}'", shape) for name, shape in zip(layer.top_names, tops)]
-    named += [(f"param blob {j}", tuple(decl.shape)) for j, decl in enumerate(params)]
+    named = [(f"param blob {j}", tuple(decl.shape)) for j, decl in enumerate(params)]
+    named += [(f"top '{name}'", shape) for name, shape in zip(layer.top_names, tops)]
     for what, shape in named:
         problem = shape_problem(tuple(int(d) for d in shape))
         if problem:

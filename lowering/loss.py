@@ -46,11 +46,6 @@ def _check_first_dim(layer: ir.Layer, a: jax.Array, b: jax.Array) -> None:
         )
 
 
-def _check_tops(layer: ir.Layer, most: int) -> None:
-    if not 1 <= len(layer.tops) <= most:
-        raise fail(layer, f"takes 1 to {most} tops, got {len(layer.tops)}")
-
-
 def _normalization(layer: ir.Layer, default: int) -> int:
     """``normalization`` if set, else legacy ``normalize`` (true: VALID, false: BATCH_SIZE)."""
     lp = layer.param.loss_param
@@ -122,7 +117,6 @@ def softmax_with_loss(layer, params, bottoms, ctx):
     Default normalisation VALID. The optional 2nd top is the softmax; Caffe's backward reads
     only the loss top's diff, so the prob top carries no gradient (stop_gradient).
     """
-    _check_tops(layer, 2)
     x, label = bottoms
     _check_first_dim(layer, x, label)
     axis = canonical_axis(layer, layer.param.softmax_param.axis, x.ndim)
@@ -314,9 +308,6 @@ def infogain_loss(layer, params, bottoms, ctx):
     defaults to VALID and the legacy ``normalize`` is refused, as in Caffe. The optional 2nd
     top is the softmax, with no gradient (Caffe's backward ignores its diff).
     """
-    _check_tops(layer, 2)
-    if not 2 <= len(bottoms) <= 3:
-        raise fail(layer, f"takes 2 or 3 bottoms, got {len(bottoms)}")
     if layer.param.loss_param.HasField("normalize"):
         raise fail(layer, 'normalize is deprecated. use "normalization"')
     x, label = bottoms[:2]
@@ -372,7 +363,6 @@ def accuracy(layer, params, bottoms, ctx):
     count against it). 0 when nothing is counted. The optional 2nd top holds per-class
     accuracy (0 for a class with no counted label). No backward: outputs carry no gradient.
     """
-    _check_tops(layer, 2)
     p = layer.param.accuracy_param
     x, label = (lax.stop_gradient(b) for b in bottoms)
     axis = canonical_axis(layer, p.axis, x.ndim)

@@ -1,8 +1,14 @@
-"""The functional API: ``compile`` a prototxt into a :class:`Model` of pure JAX functions."""
+"""The functional API: ``compile`` a prototxt into a :class:`Model` of pure JAX functions.
+
+Caffe reshapes a net on every forward; a compiled program has fixed shapes. So a Model is one
+member of a family, one per input shape signature (:meth:`Model.reshape`), built on first use
+and kept (:class:`ShapeCache`, bounded); callers keep their compiled programs per member.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -10,10 +16,28 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
+from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision, default_precision
 from caffe2jax.lowering.graph import Graph, Params
+from caffe2jax.lowering.host_init import host_init
+from caffe2jax.lowering.shape_cache import ShapeCache
 
-__all__ = ["PRECISIONS", "Model", "compile", "default_precision"]
+__all__ = ["PRECISIONS", "EnginePolicy", "Model", "ShapeCache", "compile", "default_precision"]
+
+
+class _Prefix(Graph):
+    """A Graph whose shapes are inferred only for the layers up to index ``upto`` (inclusive)
+    of ``net.layers``: Caffe's ForwardFromTo reshapes only the layers it runs, so layers after
+    them may not fit the new shapes. Only ranges ending by ``upto`` may run."""
+
+    def __init__(self, upto: int, *args: Any):
+        self.upto = upto
+        super().__init__(*args)
+
+    def _infer(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict:
+        head = dataclasses.replace(net, layers=net.layers[: self.upto + 1])
+        tops = {user for layer in head.layers for user in layer.top_names}
+        return super()._infer(head, {k: v for k, v in given.items() if k in tops})
 
 
 class Model:
@@ -25,8 +49,10 @@ class Model:
 
     ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
     :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
-    gradients and returned blobs stay in ``dtype``. ``channels_last`` turns the internal NHWC
-    pass on or off (default: ``lowering/layout.py``'s); blobs and params keep Caffe's layout.
+    gradients and returned blobs stay in ``dtype``. ``policy`` (an :class:`EnginePolicy`;
+    default: :meth:`EnginePolicy.from_env`, the environment switches read now) picks the engine
+    of each convolution and pooling and whether the internal NHWC pass runs; ``channels_last``
+    overrides the latter. Blobs and params keep Caffe's layout either way.
     """
 
     def __init__(
@@ -36,8 +62,21 @@ class Model:
         dtype: Any = jnp.float32,
         precision: str | Precision | None = None,
         channels_last: bool | None = None,
+        policy: EnginePolicy | None = None,
+        *,
+        upto: str | None = None,
     ):
-        self.graph = Graph(net, input_shapes, dtype, precision, channels_last)
+        """``upto`` (a layer name): infer shapes only for the layers up to that one (see
+        :meth:`reshape`)."""
+        args = (net, input_shapes, dtype, precision, channels_last, policy)
+        if upto is None:
+            self.graph = Graph(*args)
+        else:
+            self.graph = _Prefix([layer.name for layer in net.layers].index(upto), *args)
+        self.upto = upto
+        self._family: ShapeCache | None = None
+        # compiled programs callers keep for this member (dropped with it from the family)
+        self.programs: dict[Hashable, Any] = {}
 
     @property
     def net(self) -> ir.Net:
@@ -59,11 +98,21 @@ class Model:
     def precision(self) -> str:
         return self.graph.precision.name
 
+    @property
+    def policy(self) -> EnginePolicy:
+        return self.graph.policy
+
     def init(self, key: jax.Array | int = 0) -> tuple[Params, Params]:
-        """Params and state drawn from each blob's Caffe filler."""
+        """Params and state drawn from each blob's Caffe filler. Called with a concrete key
+        the fillers run on the host (:mod:`caffe2jax.lowering.host_init`: nothing to compile,
+        samples from NumPy's generator seeded by the key); traced (inside ``jit``/``vmap``),
+        as one JAX program drawing from the key itself. Same distributions, other samples;
+        each path is deterministic in its key."""
         if isinstance(key, int):
             key = jax.random.key(key)
-        return self.graph.init(key)
+        if isinstance(key, jax.core.Tracer):
+            return self.graph.init(key)
+        return host_init(self.graph, key)
 
     def apply(
         self,
@@ -86,10 +135,34 @@ class Model:
         blobs, state = self.graph.apply(params, state, inputs, rng)
         return self.graph.objective(blobs), (blobs, state)
 
-    def reshape(self, input_shapes: Mapping[str, Sequence[int]]) -> Model:
-        """The same net compiled for other input shapes (params must still fit)."""
-        return Model(self.graph.net, {**self.inputs, **input_shapes}, self.dtype,
-                     self.graph.precision, self.graph.channels_last)  # fmt: skip
+    def reshape(
+        self, input_shapes: Mapping[str, Sequence[int]], *, upto: str | None = None
+    ) -> Model:
+        """The same net for other input shapes (Caffe's Net::Reshape; params must still fit),
+        one per signature, built once and kept with this model's family (:class:`ShapeCache`).
+        ``upto`` (a layer name) infers shapes only for the layers up to that one, as Caffe's
+        ``ForwardFromTo(…, upto)`` reshapes only the layers it runs."""
+        shapes = {**self.inputs, **{k: tuple(int(d) for d in v) for k, v in input_shapes.items()}}
+        key = (tuple(sorted(shapes.items())), upto)
+        return self.family().get(key, lambda: self._member(shapes, upto))
+
+    def family(self) -> ShapeCache:
+        """The models of this net by shape signature (this one included)."""
+        if self._family is None:
+            self._family = ShapeCache(f"net '{self.net.name}'")
+            self._family.put((tuple(sorted(self.inputs.items())), self.upto), self)
+        return self._family
+
+    def _member(self, shapes: Mapping[str, tuple[int, ...]], upto: str | None) -> Model:
+        model = Model(self.graph.net, shapes, self.dtype, self.graph.precision,
+                      None, self.graph.policy, upto=upto)  # fmt: skip
+        model._family = self._family
+        return model
+
+    @property
+    def signature(self) -> Hashable:
+        """The input shapes this model was built for (the key of its family)."""
+        return tuple(sorted(self.inputs.items())), self.upto
 
 
 def compile(  # noqa: A001 - the design card's name for it
@@ -101,7 +174,9 @@ def compile(  # noqa: A001 - the design card's name for it
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dtype: Any = jnp.float32,
     precision: str | None = None,
+    policy: EnginePolicy | None = None,
 ) -> Model:
     """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages,
-    computing in ``precision`` (see :class:`Model`)."""
-    return Model(load_net(source, phase, level, stages), input_shapes, dtype, precision)
+    computing in ``precision`` with the engines ``policy`` picks (see :class:`Model`)."""
+    net = load_net(source, phase, level, stages)
+    return Model(net, input_shapes, dtype, precision, policy=policy)

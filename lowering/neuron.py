@@ -35,6 +35,9 @@ def relu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list
     return [jnp.where(x > 0, x, negative)]
 
 
+relu.nhwc(relu.fn)  # element by element: the same function in any layout (lowering/layout.py)
+
+
 @register("PReLU", counts=(1, 1, 1, 1))
 def prelu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """PReLULayer: ``y = x`` for ``x > 0``, else ``a_c·x`` with one learned slope per channel

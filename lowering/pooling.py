@@ -20,7 +20,6 @@ Reproduced from Caffe (pooling_layer.cpp/.cu, spp_layer.cpp):
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import jax
@@ -31,8 +30,8 @@ from jax import lax
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.engines import windows
 from caffe2jax.lowering.engines.windows import offset_slices, spatial
-from caffe2jax.lowering.registry import Context, register
-from caffe2jax.lowering.util import fail
+from caffe2jax.lowering.registry import Context, Planning, register
+from caffe2jax.lowering.util import fail, nchw
 
 P = caffe_pb2.PoolingParameter
 MAX, AVE, STOCHASTIC = P.MAX, P.AVE, P.STOCHASTIC
@@ -128,58 +127,37 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
 
 # -- the computations -------------------------------------------------------------------------
 
-# How MAX and AVE pooling run: "phases" (lowering/engines/windows.py: the windows as strided views,
-# their backward as shifted sums per stride phase, all fusible), "xla" (reduce_window, whose
-# backward is select_and_scatter / a padded window sum), or "auto": phases on the CPU, where
-# benchmarks/fast_paths.py --path pool measured it; elsewhere what the GPU table in
-# docs/performance.md was measured with (reduce_window forwards; MAX's backward as per-offset
-# selects where windows do not overlap, select_and_scatter where they do; AVE's autodiff).
-# ``$CAFFE2JAX_POOL`` (auto|phases|xla), read when a net is traced, overrides it: "phases" is
-# a jax.custom_vjp, which forward-mode autodiff (jax.jvp, jax.jacfwd) cannot go through.
-POOL_BACKWARD = "auto"
-POOL_ENV = "CAFFE2JAX_POOL"
+# MAX and AVE pooling run in the form the engine policy chose when the net was planned
+# (lowering/engines/policy.py pool_form, ``ctx.engine``): "phases" (lowering/engines/windows.py:
+# the windows as strided views, their backward as shifted sums per stride phase, all fusible),
+# "phases-rw" (the same backward, the forward XLA's reduce_window, which reads its input once)
+# or "xla" (reduce_window, whose backward is select_and_scatter / a padded window sum: the only
+# form forward-mode autodiff goes through). Without a plan (shape inference), "xla".
 
-
-def _form() -> str:
-    """The pooling form in force: phases, xla, or (off the CPU) auto; see POOL_BACKWARD."""
-    form = os.environ.get(POOL_ENV, "").strip().lower() or POOL_BACKWARD
-    if form not in ("auto", "phases", "xla"):
-        raise ValueError(f"${POOL_ENV}={form!r}: use auto, phases or xla")
-    return "phases" if form == "auto" and jax.default_backend() == "cpu" else form
+# Layers whose output XLA:CPU would recompute in each of the window views it is fused into
+# (they call exp, log or pow per element): behind one, the policy's pooling reads its bottom
+# once (lowering/engines/windows.py window_max).
+EXPENSIVE_PRODUCERS = frozenset(
+    {"LRN", "Sigmoid", "TanH", "Power", "Exp", "Log", "BNLL", "ELU", "Swish", "Softmax", "MVN"}
+)
 
 
 def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -> jax.Array:
     return windows.reduce_windows(x, spec, init, op, nhwc)
 
 
-# Layers whose output XLA:CPU would recompute in each of the window views it is fused into
-# (they call exp, log or pow per element): behind one, MAX/AVE pooling reads through
-# reduce_window, which reads its input once (lowering/engines/windows.py window_max).
-EXPENSIVE_PRODUCERS = frozenset(
-    {"LRN", "Sigmoid", "TanH", "Power", "Exp", "Log", "BNLL", "ELU", "Swish", "Softmax", "MVN"}
-)
-
-
-def _views(ctx: Context | None) -> bool:
-    """Whether the pooling may read its bottom as k_h·k_w fused views (see above)."""
-    return ctx is None or not (set(ctx.bottom_types[:1]) & EXPENSIVE_PRODUCERS)
-
-
-def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
+def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, form: str = "xla") -> jax.Array:
     """MAX over each window, padding ignored; the backward routes each diff to the window's
     first maximum in row-major order, as Caffe's mask does.
 
-    Both forms keep that rule: windows.max_first by its per-offset ``==`` selects, XLA's
+    Every form keeps that rule: windows.max_first by its per-offset ``==`` selects, XLA's
     select_and_scatter by its ``>=`` select in the window's row-major order
-    (tests/lowering/test_vision.py checks both on tied inputs).
+    (tests/lowering/test_pooling.py checks them on tied inputs).
     """
-    form = _form()
-    if form == "auto" and all(k <= s for k, s in zip(spec.kernel, spec.stride)):
-        y = windows.max_first(x, spec, nhwc, False)
-    elif form == "phases":
-        y = windows.max_first(x, spec, nhwc, views)
-    else:
+    if form == "xla":
         y = _window(x, spec, -jnp.inf, lax.max, nhwc)
+    else:
+        y = windows.max_first(x, spec, nhwc, form == "phases")
     if _has_empty_window(spec, spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
         y = jnp.where(jnp.isneginf(y), jnp.asarray(-_FLT_MAX, y.dtype), y)
     return y
@@ -190,10 +168,10 @@ def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
     return any((o - 1) * s - p >= n for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw))
 
 
-def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, views: bool = True) -> jax.Array:
+def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, form: str = "xla") -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    if _form() == "phases":
-        return windows.ave(x, spec, nhwc, views)
+    if form != "xla":
+        return windows.ave(x, spec, nhwc, form == "phases")
     hw = spatial(x, nhwc)
     return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)
 
@@ -235,19 +213,22 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     return jnp.take_along_axis(patches, chosen[..., None], axis=-1)[..., 0]
 
 
-def pool_nhwc(x: jax.Array, spec: PoolSpec, ctx: Context | None = None) -> jax.Array:
-    """MAX or AVE pooling of a channels-last ``x`` (N, H, W, C) (see ``lowering/layout.py``)."""
-    form = max_pool if spec.method == MAX else ave_pool
-    return form(x, spec, nhwc=True, views=_views(ctx))
-
-
-def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
-    """The pooled top of ``x`` (N, C, H, W) for ``spec``."""
+def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context, form: str | None) -> jax.Array:
+    """The pooled top of ``x`` (N, C, H, W) for ``spec``, MAX and AVE in ``form``."""
     if spec.method == MAX:
-        return max_pool(x, spec, views=_views(ctx))
+        return max_pool(x, spec, form=form or "xla")
     if spec.method == AVE:
-        return ave_pool(x, spec, views=_views(ctx))
+        return ave_pool(x, spec, form=form or "xla")
     return stochastic_pool(x, spec, train, ctx)
+
+
+def pool_form(spec: PoolSpec, planning: Planning) -> str | None:
+    """The engine policy's form for a MAX or AVE pooling of ``spec`` (None: STOCHASTIC)."""
+    if spec.method not in (MAX, AVE):
+        return None
+    expensive = planning.producers[0] in EXPENSIVE_PRODUCERS
+    op = "max" if spec.method == MAX else "ave"
+    return planning.policy.pool_form(op, spec.kernel, spec.stride, expensive)
 
 
 # -- the layers -------------------------------------------------------------------------------
@@ -256,19 +237,31 @@ def pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
 @register("Pooling", counts=(1, 1, 1, 2))
 def pooling(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """PoolingLayer: one top, or for MAX a second top with the argmax mask."""
-    if len(bottoms) != 1:
-        raise fail(layer, f"takes exactly 1 bottom, got {len(bottoms)}")
     (x,) = bottoms
     spec = pooling_spec(layer, tuple(x.shape))
-    n_tops = len(layer.tops)
-    if n_tops not in (1, 2) or (n_tops == 2 and spec.method != MAX):
-        raise fail(
-            layer,
-            f"{_NAMES[spec.method]} pooling has {'1 or 2 tops' if spec.method == MAX else '1 top'}"
-            f", got {n_tops}",
-        )
-    y = pool(x, spec, ctx.train, ctx)
-    return [y, max_mask(x, spec)] if n_tops == 2 else [y]
+    if len(layer.tops) == 2 and spec.method != MAX:
+        raise fail(layer, f"{_NAMES[spec.method]} pooling has 1 top, got 2")
+    y = pool(x, spec, ctx.train, ctx, ctx.engine)
+    return [y, max_mask(x, spec)] if len(layer.tops) == 2 else [y]
+
+
+def _max_or_ave(layer: ir.Layer, shapes) -> bool:
+    p = layer.param.pooling_param
+    return len(layer.tops) == 1 and p.pool in (MAX, AVE)
+
+
+@pooling.nhwc(when=_max_or_ave)
+def _(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """MAX or AVE pooling of a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
+    (x,) = bottoms
+    spec = pooling_spec(layer, nchw(x.shape))
+    form = max_pool if spec.method == MAX else ave_pool
+    return [form(x, spec, nhwc=True, form=ctx.engine or "xla")]
+
+
+@pooling.engine
+def _(layer: ir.Layer, bottom_shapes, planning: Planning) -> str | None:
+    return pool_form(pooling_spec(layer, tuple(bottom_shapes[0])), planning)
 
 
 def spp_spec(layer: ir.Layer, method: int, hw: tuple[int, int], level: int) -> PoolSpec:
@@ -286,18 +279,27 @@ def spp(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     Caffe builds each level's PoolingLayer from a fresh LayerParameter whose phase is the
     default TRAIN, so STOCHASTIC SPP samples in every phase; this reproduces that.
     """
-    if len(bottoms) != 1 or len(layer.tops) != 1:
-        raise fail(layer, "takes exactly 1 bottom and 1 top")
     (x,) = bottoms
-    if x.ndim != 4:
-        raise fail(layer, f"input must have 4 axes (num, channels, height, width), got {x.shape}")
+    specs = _spp_specs(layer, tuple(x.shape))
+    forms = ctx.engine or (None,) * len(specs)
+    levels = [pool(x, spec, True, ctx, form) for spec, form in zip(specs, forms)]
+    if len(levels) == 1:
+        return levels
+    return [jnp.concatenate([y.reshape(y.shape[0], -1) for y in levels], axis=1)]
+
+
+def _spp_specs(layer: ir.Layer, shape: tuple[int, ...]) -> list[PoolSpec]:
+    """SPPLayer::LayerSetUp: one pooling per pyramid level."""
+    if len(shape) != 4:
+        raise fail(layer, f"input must have 4 axes (num, channels, height, width), got {shape}")
     p = layer.param.spp_param
     if p.pyramid_height < 1:
         raise fail(layer, "spp_param.pyramid_height must be at least 1")
     method = P.PoolMethod.Value(caffe_pb2.SPPParameter.PoolMethod.Name(p.pool))
-    hw = (x.shape[2], x.shape[3])
-    specs = [spp_spec(layer, method, hw, level) for level in range(p.pyramid_height)]
-    levels = [pool(x, spec, True, ctx) for spec in specs]
-    if len(levels) == 1:
-        return levels
-    return [jnp.concatenate([y.reshape(y.shape[0], -1) for y in levels], axis=1)]
+    return [spp_spec(layer, method, shape[2:], level) for level in range(p.pyramid_height)]
+
+
+@spp.engine
+def _(layer: ir.Layer, bottom_shapes, planning: Planning) -> tuple[str | None, ...]:
+    """Each level's form (its kernel and stride differ)."""
+    return tuple(pool_form(spec, planning) for spec in _spp_specs(layer, tuple(bottom_shapes[0])))

@@ -62,10 +62,14 @@ class HostBlob:
         self.reshape(*shape)
 
     def reshape(self, *shape: int) -> None:
-        """New shape, contents zeroed (as Caffe's Blob::Reshape leaves fresh memory)."""
+        """Caffe's Blob::Reshape: the same shape keeps the contents; a new one starts from
+        zeros."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        self.data = np.zeros(tuple(int(d) for d in shape), self._dtype)
+        shape = tuple(int(d) for d in shape)
+        if getattr(self, "data", None) is not None and self.data.shape == shape:
+            return
+        self.data = np.zeros(shape, self._dtype)
         self.diff = np.zeros_like(self.data)
 
     @property
@@ -247,6 +251,54 @@ def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
     ]
 
 
+class HostDataLayer:
+    """A class-style Python layer with neither bottoms nor blobs (a data layer), run on the
+    host as Caffe runs it in each forward, before the compiled program: ``reshape`` then
+    ``forward``; its tops enter the program as inputs, so their shapes may change from one
+    forward to the next (the program for each shape is compiled once).
+
+    ``tops`` are the blobs handed to the layer: :class:`HostBlob` s, or the net's own blobs
+    (pycaffe's ``net.blobs``, :meth:`use_tops`), so a top keeps what a script wrote into it
+    until the layer writes it, as in Caffe."""
+
+    def __init__(self, layer: ir.Layer, bound: _Bound):
+        self.layer = layer
+        self.instance = bound.instance
+        self.tops: list[Any] = list(bound.top)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+    def shapes(self) -> dict[str, Shape]:
+        """The tops' current shapes by blob name."""
+        return {name: tuple(top.shape) for name, top in zip(self.layer.top_names, self.tops)}
+
+    def use_tops(self, tops: Sequence[Any]) -> None:
+        """Hand the layer these blobs as its tops from now on (their shapes taken from the
+        current tops)."""
+        for new, old in zip(tops, self.tops):
+            if tuple(new.shape) != tuple(old.shape):
+                new.reshape(*old.shape)
+        self.tops = list(tops)
+
+    def forward(self) -> dict[str, np.ndarray]:
+        """Caffe's Layer::Forward of a data layer: ``reshape`` then ``forward``; a copy of
+        each top by blob name."""
+        self.instance.reshape([], self.tops)
+        self.instance.forward([], self.tops)
+        return {name: np.array(top.data, copy=True)
+                for name, top in zip(self.layer.top_names, self.tops)}  # fmt: skip
+
+
+def host_data_layer(layer: ir.Layer) -> HostDataLayer | None:
+    """``layer`` (a class-style Python layer without bottoms), set up as Caffe's Net::Init
+    does (``setup`` and ``reshape``), as a :class:`HostDataLayer`; None when its ``setup``
+    added blobs (then it stays a layer of the compiled program, with the same instance)."""
+    bound = bind(layer, [])
+    return None if len(bound.instance.blobs) else HostDataLayer(layer, bound)
+
+
 # -- callbacks ----------------------------------------------------------------------------------
 
 
@@ -322,6 +374,32 @@ def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, 
         raise
 
 
+def _host_backward(bound: _Bound, need: dict[str, tuple[bool, ...]], dtype: np.dtype):
+    """The custom VJP's backward: the layer's own ``backward`` through a host callback."""
+
+    def run_bwd(res, top_diffs):
+        token, params, bottoms, tops = res
+        if not hasattr(bound.instance, "backward"):
+            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
+        top_diffs = [
+            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
+            for d, t in zip(top_diffs, tops)
+        ]
+        flags = need["bottoms"]
+
+        def call(token, params, bottoms, tops, top_diffs):
+            return _run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
+
+        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
+                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
+        param_diffs, bottom_diffs = jax.pure_callback(
+            call, avals, token, params, bottoms, tops, top_diffs
+        )
+        return list(param_diffs), list(bottom_diffs)
+
+    return run_bwd
+
+
 def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Array], ctx):
     """The tops of a class-style Python layer inside a traced JAX program."""
     bound = bind(layer, [b.shape for b in bottoms])
@@ -358,25 +436,5 @@ def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Ar
         )
         return tops, (token, params, bottoms, tops)
 
-    def run_bwd(res, top_diffs):
-        token, params, bottoms, tops = res
-        if not hasattr(bound.instance, "backward"):
-            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
-        top_diffs = [
-            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
-            for d, t in zip(top_diffs, tops)
-        ]
-        flags = need["bottoms"]
-
-        def call(token, params, bottoms, tops, top_diffs):
-            return _run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
-
-        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
-                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
-        param_diffs, bottom_diffs = jax.pure_callback(
-            call, avals, token, params, bottoms, tops, top_diffs
-        )
-        return list(param_diffs), list(bottom_diffs)
-
-    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    run.defvjp(run_fwd, _host_backward(bound, need, dtype), symbolic_zeros=True)
     return list(run(list(params), list(bottoms)))

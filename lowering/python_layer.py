@@ -26,6 +26,7 @@ Registering the same (module, layer) again replaces the earlier function.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,27 @@ def _with_backward(layer: ir.Layer, entry: PythonLayer, param_str: str, ctx) -> 
 
     run.defvjp(run_fwd, run_bwd)
     return run
+
+
+def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLayer]]:
+    """The class-style Python layers of ``net`` that have neither bottoms nor blobs (data
+    layers such as a file reader, or a top a script fills by hand) as
+    :class:`~caffe2jax.lowering.python_class.HostDataLayer` s, and ``net`` with each of them
+    an ``Input`` layer: the runtime runs them on the host before each forward, as Caffe runs
+    a data layer, and feeds their tops. Layers with a registered JAX function stay."""
+    hosts, layers = [], []
+    for layer in net.layers:
+        host = None
+        if layer.type == "Python" and not layer.bottoms and _registered(layer) is None:
+            host = _class_style(layer, lambda layer: python_class.host_data_layer(layer))
+        if host is None:
+            layers.append(layer)
+            continue
+        hosts.append(host)
+        layers.append(dataclasses.replace(layer, type="Input"))
+    if not hosts:
+        return net, []
+    return dataclasses.replace(net, layers=tuple(layers)), hosts
 
 
 @register("Python")

@@ -255,13 +255,8 @@ def _(layer, bottom_shapes):
 
 
 def _unit_check(layer: ir.Layer, shapes: Sequence[Shape]) -> None:
-    """LSTMUnitLayer::Reshape: c_prev (1, N, D), x (1, N, 4D), cont (1, N); tops c, h."""
-    if len(shapes) != 3 or len(layer.tops) != 2:
-        raise fail(
-            layer,
-            f"takes 3 bottoms (c_prev, x, cont) and 2 tops (c, h); got {len(shapes)} "
-            f"bottom(s) and {len(layer.tops)} top(s)",
-        )
+    """LSTMUnitLayer::Reshape: c_prev (1, N, D), x (1, N, 4D), cont (1, N); tops c, h (the
+    counts are the registry's)."""
     c_prev, x, cont = (tuple(s) for s in shapes)
     if len(c_prev) != 3 or c_prev[0] != 1:
         raise fail(layer, f"bottom c_prev must have shape [1, N, D]; got {list(c_prev)}")

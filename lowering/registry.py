@@ -16,6 +16,11 @@ shared blobs resolved). A ``stateful`` lowering returns ``(tops, new_state)`` wh
 ``new_state`` lists new values for its state blobs in order. A ``source`` lowering (Input,
 MemoryData, Data…) computes nothing: its tops are graph inputs, and its function returns the
 shapes it declares (``None`` where only the data can tell).
+
+A type may also register, in its family file, a channels-last form
+(``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py runs the pass) and an engine
+rule (``@convolution.engine``: the form the net's engine policy picks when the graph is
+planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every registered type.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]
 
@@ -49,19 +56,17 @@ class ParamDecl:
 
 @dataclass
 class Context:
-    """What a lowering may know besides its inputs: phase, randomness, dtype, state blobs."""
+    """What a lowering may know besides its inputs: phase, randomness, dtype, its engine."""
 
     phase: str
     rng: jax.Array | None
     dtype: Any = jnp.float32
-    state: list[jax.Array] = field(default_factory=list)
     layer_name: str = ""
     layer_index: int = 0
     carry: list[jax.Array] = field(default_factory=list)
-    # the Caffe type of the layer that computed each bottom, through in-place and split
-    # layers ("" where the run started later): lets a lowering pick a form that does not make
-    # XLA recompute an expensive producer (lowering/pooling.py)
-    bottom_types: tuple[str, ...] = ()
+    # the form the engine policy chose for this layer when the graph was planned (the value
+    # its ``@<lowering>.engine`` rule returned; None: the plain form, e.g. in shape inference)
+    engine: Any = None
 
     @property
     def train(self) -> bool:
@@ -78,8 +83,23 @@ class Context:
         return jax.random.fold_in(self.rng, self.layer_index)
 
 
+@dataclass(frozen=True)
+class Planning:
+    """What a layer's engine rule may depend on, all known when the graph is planned: the net's
+    engine policy, the dtype the layer computes in, whether it runs channels-last, and the Caffe
+    type of the layer that computed each bottom (through split layers; "Input" and the other
+    source types for net inputs)."""
+
+    policy: EnginePolicy
+    dtype: Any
+    channels_last: bool
+    producers: tuple[str, ...]
+
+
 LoweringFn = Callable[[ir.Layer, Sequence[jax.Array], Sequence[jax.Array], Context], Any]
 ParamShapesFn = Callable[[ir.Layer, Sequence[Shape]], list[ParamDecl]]
+ShapesRule = Callable[[ir.Layer, Sequence[Shape]], bool]
+EngineFn = Callable[[ir.Layer, Sequence[Shape], Planning], Any]
 
 
 @dataclass
@@ -95,6 +115,10 @@ class Lowering:
     equal_bottom_top: bool = False
     _param_shapes: ParamShapesFn | None = None
     _carry_shapes: ParamShapesFn | None = None
+    nhwc_fn: LoweringFn | None = None
+    nhwc_when: ShapesRule | None = None
+    nhwc_starts: bool = False
+    _engine: EngineFn | None = None
 
     def __call__(self, layer, params, bottoms, ctx):
         return self.fn(layer, params, bottoms, ctx)
@@ -111,6 +135,42 @@ class Lowering:
         lowering reads ``ctx.carry`` and returns ``(tops, new_carry)``."""
         self._carry_shapes = fn
         return fn
+
+    def nhwc(self, fn: LoweringFn | None = None, *, when: ShapesRule | None = None,
+             starts: bool = False):  # fmt: skip
+        """Register the layer's channels-last form (lowering/layout.py): ``fn(layer, params,
+        bottoms, ctx)`` on (N, H, W, C) bottoms, returning (N, H, W, C) tops, taken where
+        ``when(layer, bottom_shapes)`` holds for the (Caffe-layout, 4-D) bottom shapes. A layer
+        that ``starts`` a channels-last chain takes it wherever eligible (Convolution); the others
+        only when they read a blob a channels-last layer wrote. A decorator, or called with the
+        layer's own function for layers that act element by element in any layout."""
+
+        def wrap(form: LoweringFn) -> LoweringFn:
+            if self.nhwc_fn is not None:
+                raise ValueError(f"layer type {self.type!r} has two channels-last forms")
+            self.nhwc_fn, self.nhwc_when, self.nhwc_starts = form, when, starts
+            return form
+
+        return wrap if fn is None else wrap(fn)
+
+    def has_nhwc(self, layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> bool:
+        """Whether ``layer`` has a channels-last form for these (Caffe-layout) bottom shapes."""
+        if self.nhwc_fn is None or not bottom_shapes:
+            return False
+        if any(len(s) != 4 for s in bottom_shapes):
+            return False
+        return self.nhwc_when is None or bool(self.nhwc_when(layer, bottom_shapes))
+
+    def engine(self, fn: EngineFn) -> EngineFn:
+        """Decorator: the rule choosing this layer's form from the engine policy when the graph
+        is planned, ``fn(layer, bottom_shapes, planning) -> choice``; the lowering reads the
+        choice as ``ctx.engine``."""
+        self._engine = fn
+        return fn
+
+    def choose_engine(self, layer: ir.Layer, bottom_shapes: Sequence[Shape], planning: Planning):
+        """The layer's engine choice (None for types with no engine rule)."""
+        return None if self._engine is None else self._engine(layer, bottom_shapes, planning)
 
     def declare_carry(self, layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
         if self._carry_shapes is None:
@@ -205,12 +265,21 @@ def registered_types() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def lowering_of(type_name: str) -> Lowering:
+    """The registered lowering of Caffe type ``type_name`` (KeyError if there is none)."""
+    _load_families()
+    return _REGISTRY[type_name]
+
+
 def lookup(layer: ir.Layer) -> Lowering:
     """The lowering for ``layer``; an unknown type fails naming the layer and the known types."""
     _load_families()
     try:
         return _REGISTRY[layer.type]
     except KeyError:
+        fork = unsupported_fork_type(layer.type, getattr(layer, "form", ""))
+        if fork:
+            raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}") from None
         close = difflib.get_close_matches(layer.type, _REGISTRY, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise NetError(

@@ -71,6 +71,17 @@ def concat(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> li
     return [jnp.concatenate(bottoms, axis=axis)]
 
 
+def _concat_on_channels(layer: ir.Layer, shapes: Sequence[Shape]) -> bool:
+    p = layer.param.concat_param
+    return (p.concat_dim if p.HasField("concat_dim") else p.axis) in (1, -3)
+
+
+@concat.nhwc(when=_concat_on_channels)
+def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """Concat along channels of channels-last bottoms (lowering/layout.py)."""
+    return [jnp.concatenate(bottoms, axis=3)]
+
+
 def _slice_sizes(layer: ir.Layer, x: jax.Array, axis: int) -> list[int]:
     """Sizes of the tops along ``axis``: between the slice_points, or an even split."""
     points = list(layer.param.slice_param.slice_point)

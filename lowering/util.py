@@ -24,3 +24,8 @@ def canonical_axis(layer: ir.Layer, axis: int, ndim: int) -> int:
 def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
     """Caffe's Blob::count(start, end): the product of dims in [start, end)."""
     return math.prod(shape[start:end])
+
+
+def nchw(shape: Sequence[int]) -> tuple[int, ...]:
+    """The Caffe (N, C, H, W) shape of a channels-last (N, H, W, C) blob's shape."""
+    return (shape[0], shape[3], shape[1], shape[2])

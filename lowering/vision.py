@@ -31,9 +31,10 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.engines import onednn
-from caffe2jax.lowering.registry import Context, ParamDecl, register
-from caffe2jax.lowering.util import canonical_axis, fail
+from caffe2jax.lowering.engines import conv_forms
+from caffe2jax.lowering.engines.policy import ConvShape
+from caffe2jax.lowering.registry import Context, ParamDecl, Planning, register
+from caffe2jax.lowering.util import canonical_axis, fail, nchw
 
 Shape = tuple[int, ...]
 
@@ -109,9 +110,8 @@ def _macs(geometry: ConvGeometry, num: int, spatial: Shape, weights: Shape) -> i
 
 
 def _check_bottoms(layer: ir.Layer, shapes: list[Shape]) -> None:
-    """Caffe's conv layers pair bottom i with top i; all bottoms share one shape."""
-    if len(shapes) != len(layer.tops) or not shapes:
-        raise fail(layer, f"needs as many tops as bottoms, got {len(shapes)} and {len(layer.tops)}")
+    """Caffe's conv layers pair bottom i with top i (the registry checks the counts); all
+    bottoms share one shape."""
     for shape in shapes[1:]:
         if shape != shapes[0]:
             raise fail(layer, f"bottom shapes differ: {list(shapes[0])} vs {list(shape)}")
@@ -161,35 +161,37 @@ def _batched(x: jax.Array, axis: int, fn) -> jax.Array:
 
 
 def _add_bias(layer: ir.Layer, y: jax.Array, params, axis: int) -> jax.Array:
+    """``y`` plus the bias blob along its channel ``axis``."""
     if not layer.param.convolution_param.bias_term:
         return y
     return y + params[1].reshape((-1,) + (1,) * (y.ndim - axis - 1))
 
 
+def _convolve(layer: ir.Layer, params, bottoms, ctx: Context, channels_last: bool):
+    """ConvolutionLayer in either layout: Caffe's (N, C, *spatial), leading axes before
+    ``axis`` batched, or a channels-last 2-D (N, H, W, C) (lowering/layout.py); the weights
+    are Caffe's (num_output, C/group, *kernel) either way. The form (lax.conv, oneDNN, a 1×1
+    matrix product, im2col patches: lowering/engines/conv_forms.py) is the one the engine
+    policy chose when the net was planned (``ctx.engine``; the plain lax.conv if none)."""
+    shape = nchw(bottoms[0].shape) if channels_last else tuple(bottoms[0].shape)
+    geometry = conv_geometry(layer, shape)
+    _check_extent(layer, geometry, shape)
+    group = layer.param.convolution_param.group
+    args = geometry.stride, geometry.pad, geometry.dilation, group, channels_last
+
+    def conv(x):
+        return conv_forms.convolve(ctx.engine or "xla", x, params[0], *args)
+
+    if channels_last:
+        return [_add_bias(layer, conv(x), params, x.ndim - 1) for x in bottoms]
+    axis = geometry.axis
+    return [_add_bias(layer, _batched(x, axis, conv), params, axis) for x in bottoms]
+
+
 @register("Convolution", counts=(1, None, 1, None), equal_bottom_top=True)
 def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """ConvolutionLayer: grouped, strided, padded, dilated N-D convolution plus bias."""
-    geometry = conv_geometry(layer, tuple(bottoms[0].shape))
-    _check_extent(layer, geometry, bottoms[0].shape)
-
-    def conv(x):
-        group = layer.param.convolution_param.group
-        macs = _macs(geometry, x.shape[0], x.shape[geometry.axis + 1 :], params[0].shape)
-        if onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/engines/onednn.py)
-            args = geometry.stride, geometry.pad, geometry.dilation, group
-            return onednn.convolution(x, params[0], *args, channels_last=False)
-        return lax.conv_general_dilated(
-            x,
-            params[0],
-            geometry.stride,
-            [(p, p) for p in geometry.pad],
-            rhs_dilation=geometry.dilation,
-            feature_group_count=group,
-        )
-
-    return [
-        _add_bias(layer, _batched(x, geometry.axis, conv), params, geometry.axis) for x in bottoms
-    ]
+    return _convolve(layer, params, bottoms, ctx, channels_last=False)
 
 
 @convolution.param_shapes
@@ -197,94 +199,27 @@ def _(layer: ir.Layer, bottom_shapes) -> list[ParamDecl]:
     return _conv_decls(layer, bottom_shapes, transposed=False)
 
 
-def convolution_nhwc(layer: ir.Layer, params, x: jax.Array) -> jax.Array:
-    """ConvolutionLayer on a channels-last 2-D ``x`` (N, H, W, C) → (N, H', W', num_output),
-    the weights still Caffe's (num_output, C/group, kh, kw) (see ``lowering/layout.py``)."""
-    geometry = conv_geometry(layer, (x.shape[0], x.shape[3], x.shape[1], x.shape[2]))
+def _spatial_2d(layer: ir.Layer, shapes) -> bool:
+    return conv_geometry(layer, tuple(shapes[0])).axis == 1
+
+
+@convolution.nhwc(when=_spatial_2d, starts=True)
+def _(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    return _convolve(layer, params, bottoms, ctx, channels_last=True)
+
+
+@convolution.engine
+def _(layer: ir.Layer, bottom_shapes, planning: Planning) -> str:
+    """The form of this convolution under the net's engine policy, from its shapes."""
+    shape = tuple(bottom_shapes[0])
+    geometry = conv_geometry(layer, shape)
+    x = (math.prod(shape[: geometry.axis]),) + shape[geometry.axis :]
+    (weights, *_) = _conv_decls(layer, bottom_shapes, transposed=False)
+    macs = _macs(geometry, x[0], x[2:], weights.shape)
     group = layer.param.convolution_param.group
-    macs = _macs(geometry, x.shape[0], x.shape[1:3], params[0].shape)
-    if _pointwise(params[0], geometry, group):
-        y = _pointwise_conv(x, params[0], geometry.stride)
-    elif onednn.usable(x, params[0], macs):  # CAFFE2JAX_CPU_CONV (lowering/engines/onednn.py)
-        args = geometry.stride, geometry.pad, geometry.dilation, group
-        y = onednn.convolution(x, params[0], *args, channels_last=True)
-    elif _few_channels(params[0], group, macs):
-        y = _patches_conv(x, params[0], geometry)
-    else:
-        y = lax.conv_general_dilated(
-            x,
-            params[0],
-            geometry.stride,
-            [(p, p) for p in geometry.pad],
-            rhs_dilation=geometry.dilation,
-            feature_group_count=group,
-            dimension_numbers=("NHWC", "OIHW", "NHWC"),
-        )
-    return y + params[1] if layer.param.convolution_param.bias_term else y
-
-
-# 1×1 convolutions on CPU as one matrix product over channels (POINTWISE_DOT): XLA:CPU
-# otherwise copies the kernel into HWIO on every call; benchmarks/fast_paths.py --path
-# pointwise measures it. The same sums, to float rounding (tests/lowering/test_vision.py).
-POINTWISE_DOT = True
-
-
-def _pointwise(w: jax.Array, geometry, group: int) -> bool:
-    """A 1×1, unpadded, ungrouped 2-D convolution of a channels-last blob on the CPU."""
-    return (
-        POINTWISE_DOT
-        and onednn.mode() != "onednn-all"  # which takes every convolution
-        and group == 1
-        and w.shape[2:] == (1, 1)
-        and not any(geometry.pad)
-        and jax.default_backend() == "cpu"
-    )
-
-
-def _pointwise_conv(x: jax.Array, w: jax.Array, stride: tuple[int, ...]) -> jax.Array:
-    """(N, H, W, C) ⊛ (O, C, 1, 1): the strided pixels times Wᵀ, contracted in place."""
-    if any(s > 1 for s in stride):
-        x = x[:, :: stride[0], :: stride[1], :]
-    w2 = w.reshape(w.shape[:2])
-    return lax.dot_general(x, w2, (((3,), (1,)), ((), ())))
-
-
-# Convolutions of ≤ FEW_CHANNELS input channels (a first layer on RGB or grey images) that
-# oneDNN does not take, on CPU, as Caffe computes them: the k_h·k_w·C patch of every output
-# pixel times the weights — one matrix product with a deep enough contraction, where
-# XLA:CPU's convolution runs such thin inputs slowly. Only up to PATCHES_MAX_MACS multiply-adds,
-# where benchmarks/fast_paths.py --path patches measured it ahead (LeNet b64 train 0.90×,
-# CIFAR-10 full b1 0.92×); first layers of ImageNet nets measured faster on oneDNN.
-FEW_CHANNELS = 4
-PATCHES_MAX_MACS = 64_000_000
-
-
-def _few_channels(w: jax.Array, group: int, macs: int) -> bool:
-    return (
-        FEW_CHANNELS > 0
-        and macs <= PATCHES_MAX_MACS
-        and onednn.mode() != "onednn-all"
-        and group == 1
-        and w.shape[1] <= FEW_CHANNELS
-        and w.shape[2:] != (1, 1)
-        and jax.default_backend() == "cpu"
-    )
-
-
-def _patches_conv(x: jax.Array, w: jax.Array, geometry) -> jax.Array:
-    """(N, H, W, C) ⊛ (O, C, kh, kw) as Caffe's im2col + GEMM: patches ordered (i, j, c)."""
-    (kh, kw), (sh, sw), (dh, dw) = w.shape[2:], geometry.stride, geometry.dilation
-    ph, pw = geometry.pad
-    xp = jnp.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)])
-    oh = (xp.shape[1] - (dh * (kh - 1) + 1)) // sh + 1
-    ow = (xp.shape[2] - (dw * (kw - 1) + 1)) // sw + 1
-    patches = jnp.concatenate(
-        [xp[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
-         for i in range(kh) for j in range(kw)],
-        axis=3,
-    )  # fmt: skip
-    w2 = jnp.transpose(w, (0, 2, 3, 1)).reshape(w.shape[0], -1)
-    return lax.dot_general(patches, w2, (((3,), (1,)), ((), ())))
+    conv = ConvShape(x, weights.shape, geometry.pad, group, macs, planning.dtype,
+                     planning.channels_last)  # fmt: skip
+    return planning.policy.conv_form(conv)
 
 
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:
@@ -352,8 +287,6 @@ def im2col(x: jax.Array, geometry: ConvGeometry) -> jax.Array:
 @register("Im2col", counts=(1, 1, 1, 1))
 def im2col_layer(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """Im2colLayer: the column buffer Caffe's convolution multiplies its weights with."""
-    if len(bottoms) != 1 or len(layer.tops) != 1:
-        raise fail(layer, "takes exactly 1 bottom and 1 top")
     (x,) = bottoms
     geometry = conv_geometry(layer, tuple(x.shape))
     _check_extent(layer, geometry, x.shape)
@@ -363,8 +296,6 @@ def im2col_layer(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Arr
 @register("LRN", counts=(1, 1, 1, 1))
 def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """LRNLayer: local response normalisation across or within channels."""
-    if len(bottoms) != 1 or len(layer.tops) != 1:
-        raise fail(layer, "takes exactly 1 bottom and 1 top")
     p = layer.param.lrn_param
     (x,) = bottoms
     if x.ndim != 4:
@@ -373,6 +304,11 @@ def lrn(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     if n % 2 != 1:
         raise fail(layer, f"LRN only supports odd values for local_size, got {n}")
     return [lrn_values(p, x)]
+
+
+@lrn.nhwc
+def _(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    return [lrn_values(layer.param.lrn_param, bottoms[0], nhwc=True)]
 
 
 def lrn_values(p, x: jax.Array, nhwc: bool = False) -> jax.Array:
@@ -402,8 +338,6 @@ def lrn_values(p, x: jax.Array, nhwc: bool = False) -> jax.Array:
 @register("Crop", counts=(2, 2, 1, 1))
 def crop(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """CropLayer: bottom[0] cut to bottom[1]'s shape from ``axis`` on, at ``offset``."""
-    if len(bottoms) != 2:
-        raise fail(layer, f"takes 2 bottoms (data, reference shape), got {len(bottoms)}")
     x, ref = bottoms
     if x.ndim != ref.ndim:
         raise fail(layer, f"the bottoms have {x.ndim} and {ref.ndim} axes; they must be equal")

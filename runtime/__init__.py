@@ -12,7 +12,7 @@ from typing import Any
 
 _NAMES = {
     "SolverLoop": "caffe2jax.runtime.train.loop",
-    "CompiledNet": "caffe2jax.runtime.train.loop",
+    "CompiledNet": "caffe2jax.runtime.train.compiled",
     "TrainState": "caffe2jax.runtime.train.state",
     "Trainer": "caffe2jax.runtime.train.step",
     "load_weights": "caffe2jax.runtime.formats.weights",

@@ -12,21 +12,21 @@ from caffe2jax.runtime.data.tools import convert_imageset
 TRUE, FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
 
 
-def parse_bool(text: str) -> bool:
-    """A gflags-style boolean value (``--gray=true``)."""
-    if text.lower() in TRUE:
-        return True
-    if text.lower() in FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
-
-
 def add_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
-    """A boolean option given as ``--name``, ``--name=true|false`` or Caffe's ``-name``."""
-    parser.add_argument(
-        f"--{name}", f"-{name}", nargs="?", const=True, default=False, type=parse_bool,
-        help=help_text,
-    )  # fmt: skip
+    """A boolean option as gflags reads it: ``--name`` alone (the next word stays a
+    positional argument: ``--encoded ROOT LIST DB``), ``--name=true|false`` (also 1/0,
+    yes/no), ``--noname``, each also with one dash as Caffe's tools take them. The ``=value``
+    forms are options of their own (argparse matches a whole option string before it splits
+    at ``=``), so no form ever takes the word after it."""
+    parser.add_argument(f"--{name}", f"-{name}", action="store_true", default=False,
+                        help=f"{help_text} (also --{name}=true|false, --no{name})")  # fmt: skip
+    for value in TRUE + FALSE:
+        spellings = {value, value.capitalize(), value.upper()}
+        options = [f"{dash}{name}={v}" for v in sorted(spellings) for dash in ("--", "-")]
+        parser.add_argument(*options, dest=name, action="store_const", const=value in TRUE,
+                            help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument(f"--no{name}", f"-no{name}", dest=name, action="store_false",
+                        help=argparse.SUPPRESS)  # fmt: skip
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -50,7 +50,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--encode_type", "-encode_type", default="", metavar="EXT",
                         help="png, jpg, ... (default: from each file's extension)")  # fmt: skip
     parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
-    parser.add_argument("--seed", type=int, default=None, help="seed of --shuffle")
+    parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
     parser.set_defaults(func=run)
 
 

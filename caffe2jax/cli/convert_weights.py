@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from caffe2jax.cli.summary import add_dialect
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.convert import convert_weights
@@ -26,6 +27,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="net prototxt the weights belong to")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"], help="with --model")
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
+    add_dialect(p, "the fork numbering INPUT was written with (default: from --model, else "
+                "from INPUT's own bytes)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if output.exists() and not args.force:
         raise WeightsError(f"{output} already exists; pass --force to overwrite it")
     model = compile_net(args.model, phase=args.phase) if args.model else None
-    convert_weights(args.input, output, model)
+    convert_weights(args.input, output, model, dialect=args.dialect)
     fmt = format_for(output, None)
     print(f"Wrote {fmt} weights to {output}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from caffe2jax.cli.summary import parse_shapes
+from caffe2jax.cli.summary import add_dialect, parse_shapes
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.atomic import refuse_overwrite
@@ -39,6 +39,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         default=[],
         help="lower for this platform (cpu, cuda, rocm, tpu; repeatable; default: this one)",
     )
+    add_dialect(p, "the fork numbering --weights was written with (default: from the prototxt)")
     p.set_defaults(func=run)
 
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise CaffeError(f"bad --input-shape {args.input_shape}: use BLOB=D0,D1,...") from None
     model = compile_net(args.model, phase=args.phase, input_shapes=shapes or None)
-    params, state = load_weights(args.weights, model)
+    params, state = load_weights(args.weights, model, dialect=args.dialect)
     exported = export_forward(model, params, state, platforms=args.platform or None)
     path = save_exported(args.out, exported, overwrite=args.force)
     info = describe(exported)

@@ -3,9 +3,9 @@
 Each subcommand lives in ``caffe2jax/cli/<name>.py`` with ``add(subparsers)``. User
 errors (:class:`caffe2jax.frontend.errors.CaffeError`, missing files) print one line and exit 1.
 
-Before any command runs, :func:`configure_jax` turns on JAX's persistent compilation cache (a
-second run of a net loads its compiled programs instead of compiling them again) and the
-XLA:CPU options the benchmarks show pay (see docs/performance.md).
+Before any command runs, :func:`configure_jax` applies ``--no-compile-cache`` to JAX's
+persistent compilation cache (:mod:`caffe2jax.runtime.compile_cache`, on by default for every
+entry point) and sets the XLA:CPU options the benchmarks show pay (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,42 +19,23 @@ from pathlib import Path
 from caffe2jax import __version__
 from caffe2jax.cli import COMMANDS
 from caffe2jax.frontend.errors import CaffeError, one_line
+from caffe2jax.runtime import compile_cache as compile_cache_module
+from caffe2jax.runtime.compile_cache import CACHE_DIR_ENV, NO_CACHE_ENV, cache_dir  # noqa: F401
 
-NO_CACHE_ENV = "CAFFE2JAX_NO_COMPILE_CACHE"
-CACHE_DIR_ENV = "CAFFE2JAX_CACHE_DIR"
 # XLA:CPU options measured to pay (docs/performance.md); appended after the user's own
 # XLA_FLAGS only where the user did not set the same flag.
 CPU_FLAGS: dict[str, str] = {}
 
 
-def cache_dir() -> Path:
-    """``$CAFFE2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/...``)."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "caffe2jax" / "xla"
-
-
 def configure_jax(compile_cache: bool = True) -> Path | None:
-    """Set XLA:CPU flags (before JAX starts its backend) and the persistent compilation cache.
-
-    The cache is off when ``compile_cache`` is false or ``$CAFFE2JAX_NO_COMPILE_CACHE`` is set
-    to anything but ``0``/empty. Returns the cache folder in use, or None.
-    """
+    """Set XLA:CPU flags (before JAX starts its backend) and the persistent compilation cache
+    (:mod:`caffe2jax.runtime.compile_cache`: on unless ``compile_cache`` is false or
+    ``$CAFFE2JAX_NO_COMPILE_CACHE`` is set). Returns the cache folder in use, or None."""
     flags = os.environ.get("XLA_FLAGS", "")
     extra = [f"--{k}={v}" for k, v in CPU_FLAGS.items() if f"--{k}" not in flags]
     if extra:
         os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
-    if not compile_cache or os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
-        return None
-    import jax
-
-    folder = cache_dir()
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    # every program is worth keeping: a CLI run compiles a handful, most under a second
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return folder
+    return compile_cache_module.enable(compile_cache)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,9 @@
-"""`caffe2jax summary NET [--phase]`: the net as Caffe's Net::Init logs it."""
+"""`caffe2jax summary NET [--phase]`: the net as Caffe's Net::Init logs it.
+
+Fork nets with layers caffe2jax does not lower yet are listed too: every layer, its bottoms and
+tops, the shapes that can be known without the net's data (see :mod:`.summary_shapes`), and
+why a layer cannot run yet.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,13 @@ import math
 from pathlib import Path
 
 from caffe2jax.cli.args import int32
+from caffe2jax.cli.summary_shapes import Shape, partial_shapes
 from caffe2jax.frontend import ir
-from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError
+from caffe2jax.frontend.dialect import get
+from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.registry import lookup
 from caffe2jax.runtime.data.feeding import open_source
 
 
@@ -27,7 +35,41 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar="BLOB=D0,D1,...",
         help="shape of an input blob whose data source is not at hand (repeatable)",
     )
+    add_dialect(p, "how the net's fork layers are read (default: from the prototxt)")
+    add_define(p)
     p.set_defaults(func=run)
+
+
+def add_dialect(p: argparse.ArgumentParser, what: str) -> None:
+    """The ``--dialect`` option: which fork of Caffe's numbering a file was written with."""
+    p.add_argument(
+        "--dialect",
+        metavar="D",
+        help=f"{what}: bvlc, ssd, frcnn, rfcn, segnet, enet, pspnet, deeplab-v1, deeplab-v2, "
+        "c3d-v1.0, c3d-v1.1, crnn, eric612, darknet2caffe, ceil_mode, ... (join with +)",
+    )
+
+
+def add_define(p: argparse.ArgumentParser) -> None:
+    """``--define NAME=VALUE``: fill a template prototxt's ``${NAME}``."""
+    p.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="fill ${NAME} in a template prototxt, as its scripts do (repeatable)",
+    )
+
+
+def parse_defines(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` options as a dict; a CaffeError for a malformed one."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise CaffeError(f"bad --define {item[:80]!r}: use NAME=VALUE")
+        out[name] = value
+    return out
 
 
 def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -45,8 +87,23 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def summary_lines(net: ir.Net) -> list[str]:
-    """Caffe's Net::Init log lines (without glog prefixes) for an IR net with shapes."""
+def _top_line(shape: Shape | None, source: bool) -> tuple[str, int]:
+    """A "Top shape:" line and the count it adds to the memory total."""
+    if shape is None:
+        return "Top shape: " + ("(from the data source)" if source else "(not known)"), 0
+    if None in shape:
+        dims = " ".join("?" if d is None else str(d) for d in shape)
+        return f"Top shape: {dims} (? from the data source)", 0
+    count = math.prod(shape)
+    return f"Top shape: {' '.join(str(d) for d in shape)} ({count})", count
+
+
+def summary_lines(
+    net: ir.Net, shapes: dict | None = None, notes: dict[str, str] | None = None
+) -> list[str]:
+    """Caffe's Net::Init log lines (without glog prefixes) for an IR net with shapes (or the
+    partial ``shapes`` by SSA id and per-layer ``notes`` of a net that cannot compile)."""
+    shapes = net.shapes if shapes is None else shapes
     lines = [f"Initializing net '{net.name}' (phase {net.phase})"]
     memory = 0
     for layer in net.layers:
@@ -54,15 +111,12 @@ def summary_lines(net: ir.Net) -> list[str]:
         lines += [f"{layer.name} <- {b}" for b in layer.bottom_names]
         lines += [f"{layer.name} -> {t}" for t in layer.top_names]
         lines.append(f"Setting up {layer.name}")
+        if notes and layer.name in notes:
+            lines.append(f"    ({notes[layer.name]})")
         for top, weight in zip(layer.tops, layer.loss_weights):
-            shape = net.shapes.get(top)
-            if shape is None:
-                lines.append("Top shape: (from the data source)")
-                continue
-            count = math.prod(shape)
+            line, count = _top_line(shapes.get(top), not layer.bottoms)
             memory += count
-            dims = " ".join(str(d) for d in shape)
-            lines.append(f"Top shape: {dims} ({count})")
+            lines.append(line)
             if weight:
                 lines.append(f"    with loss weight {weight:g}")
         lines.append(f"Memory required for data: {memory * 4}")
@@ -98,12 +152,33 @@ def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    net = load_net(args.model, args.phase, args.level, args.stage)
+    net = load_net(args.model, args.phase, args.level, args.stage, dialect=args.dialect,
+                   defines=parse_defines(args.define))  # fmt: skip
+    if net.dialect != "bvlc":
+        print(f"(dialect {net.dialect}: {get(net.dialect).name})")
     shapes, reason = source_shapes(net, Path(args.model).parent)
     shapes.update(parse_shapes(args.input_shape))
-    try:
-        net = Model(net, shapes).net
-    except InputShapeError as err:  # a data source we cannot open here: show the structure
-        print(f"(no shapes: {reason or err}; give --input-shape BLOB=D0,D1,...)")
-    print("\n".join(summary_lines(net)))
+    missing = _unsupported(net)
+    if missing:  # layers caffe2jax cannot run yet: show what is known
+        print(f"(not every shape: {missing})")
+    else:
+        try:
+            net = Model(net, shapes).net
+        except InputShapeError as err:  # a data source we cannot open here
+            print(f"(not every shape: {reason or err}; give --input-shape BLOB=D0,D1,...)")
+        else:
+            print("\n".join(summary_lines(net)))
+            return 0
+    known, notes = partial_shapes(net, shapes)
+    print("\n".join(summary_lines(net, known, notes)))
     return 0
+
+
+def _unsupported(net: ir.Net) -> str:
+    """The first layer whose type caffe2jax does not lower, as its compile error says it."""
+    for layer in net.layers:
+        try:
+            lookup(layer)
+        except NetError as err:
+            return f"{layer.where}{err}"
+    return ""

@@ -8,6 +8,7 @@ import numpy as np
 
 from caffe2jax.cli import logs
 from caffe2jax.cli.args import int32
+from caffe2jax.cli.summary import add_dialect
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--level", type=int32, default=0)
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                    help="how layers compute (weights stay fp32)")  # fmt: skip
+    add_dialect(p, "the fork numbering --weights was written with (default: from the prototxt)")
     p.set_defaults(func=run)
 
 
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     log = logs.setup(None)
     with default_precision(args.precision):
         net = Net(args.model, args.phase, level=args.level, stages=args.stage,
-                  weights=args.weights)  # fmt: skip
+                  weights=args.weights, dialect=args.dialect)  # fmt: skip
     try:
         score(net, args.iterations, log)
     finally:

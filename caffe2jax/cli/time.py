@@ -1,8 +1,8 @@
 """`caffe2jax time --model M [--iterations N]`: forward and backward timings, like `caffe time`.
 
-Per-layer lines, then Caffe's averages, from compiled per-layer programs; then the times of
-the one fused XLA program the net runs as, compile times and peak memory
-(see :mod:`caffe2jax.cli.timing`).
+Per-layer lines (each printed as soon as its layer is timed), then Caffe's averages, from
+compiled per-layer programs; then the times of the one fused XLA program the net runs as,
+compile times and peak memory (see :mod:`caffe2jax.cli.timing`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from caffe2jax.cli.summary import parse_shapes, source_shapes
-    from caffe2jax.cli.timing import random_inputs, time_net
+    from caffe2jax.cli.timing import LayerTime, random_inputs, time_net
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
     from caffe2jax.runtime.parallel.memory import check_net_fits
@@ -64,7 +64,15 @@ def run(args: argparse.Namespace) -> int:
         inputs = random_inputs(model)
         log.info(f"Benchmark on {device}, precision {args.precision}: testing for "
                  f"{args.iterations} iterations.")  # fmt: skip
-        t = time_net(model, inputs, args.iterations, per_layer=args.per_layer)
+        if args.per_layer:
+            log.info("Average time per layer: ")
+
+        def layer_lines(layer: LayerTime) -> None:  # printed as soon as each is timed
+            log.info(f"{layer.name:>10}\tforward: {layer.forward_ms:.5g} ms.")
+            log.info(f"{layer.name:>10}\tbackward: {layer.backward_ms:.5g} ms.")
+
+        t = time_net(model, inputs, args.iterations, per_layer=args.per_layer,
+                     on_layer=layer_lines)  # fmt: skip
     _report(log, t, args.iterations)
     return 0
 
@@ -86,16 +94,13 @@ def _device(gpu: str | None):
 
 def _report(log, t, iterations: int) -> None:
     """Caffe's lines (time.cpp's shapes), then the fused program's figures."""
-    if t.layers:
-        log.info("Average time per layer: ")
-        for layer in t.layers:
-            log.info(f"{layer.name:>10}\tforward: {layer.forward_ms:.5g} ms.")
-            log.info(f"{layer.name:>10}\tbackward: {layer.backward_ms:.5g} ms.")
+    if t.layers:  # the per-layer lines came as each layer was timed
         log.info(f"Average Forward pass: {t.forward_ms:.5g} ms.")
         log.info(f"Average Backward pass: {t.backward_ms:.5g} ms.")
         log.info(f"Average Forward-Backward: {t.forward_ms + t.backward_ms:.5g} ms.")
         log.info(f"Total Time: {(t.forward_ms + t.backward_ms) * iterations:.5g} ms.")
-        log.info(f"(per-layer figures: one compiled program per layer; compiling them took "
+        log.info(f"(per-layer figures: compiled per-layer programs, {t.layer_programs} for "
+                 f"{len(t.layers)} layers as layers alike share theirs; compiling them took "
                  f"{t.compile_layers_s:.3g} s)")  # fmt: skip
     seed = "the loss" if t.seeded == "loss" else "top diffs of ones at the outputs"
     log.info(f"Fused forward (one XLA program, returning the net's outputs): "

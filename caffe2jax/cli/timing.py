@@ -3,18 +3,22 @@
 Caffe times each layer's Forward and Backward call inside its net loop. Here a whole net runs
 as one fused XLA program, inside which layers have no separate time; so the per-layer figures
 come from **compiled per-layer programs**: for each of Caffe's layers (splits included) one
-jitted forward (``Graph.run`` over that layer alone, on the bottoms the whole forward produced)
-and one jitted backward (the layer's VJP applied to top diffs of ones, its residuals computed
-beforehand, so only the backward is timed). Their sums are Caffe's "Average Forward pass" and
-"Average Backward pass"; beside them stand the times of the one fused program the net really
-runs as (forward, and forward + backward), each program's compile time, and the peak memory.
+jitted forward (``Graph.run`` over that layer alone) and one jitted backward (the layer's VJP
+applied to top diffs of ones, its residuals computed beforehand, so only the backward is
+timed). Layers alike in all but their names and blob values (ResNet's blocks, GoogLeNet's
+branches) share their programs, and the layers run in order, each on the tops its
+predecessors computed: a net compiles one set of programs per kind of layer, and the first
+layer's figures come after its own compiles, not the whole net's. Their sums are Caffe's
+"Average Forward pass" and "Average Backward pass"; after them come the times of the one
+fused program the net really runs as (forward, and forward + backward), each program's compile
+time, and the peak memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -23,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.registry import NetState, carry_of
 
 
 @dataclass
@@ -97,7 +102,7 @@ def with_backward(model: Model) -> Model:
     if _has_loss(model):
         return model
     net = dataclasses.replace(model.graph.net, force_backward=True)
-    return Model(net, model.inputs, model.dtype, model.graph.precision, model.graph.channels_last)
+    return Model(net, model.inputs, model.dtype, model.graph.precision, policy=model.graph.policy)
 
 
 def _peak(programs: list[Any]) -> tuple[int, str]:
@@ -117,13 +122,19 @@ def _peak(programs: list[Any]) -> tuple[int, str]:
 
 
 def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer: bool = True,
-             seed: int = 0) -> NetTimes:  # fmt: skip
-    """Per-layer and fused forward/backward times of ``model`` on ``inputs``."""
+             seed: int = 0, on_layer: Callable[[LayerTime], None] | None = None,
+             ) -> NetTimes:  # fmt: skip
+    """Per-layer (first; each reported to ``on_layer`` as soon as it is timed) and fused
+    forward/backward times of ``model`` on ``inputs``."""
     model = with_backward(model)
     graph = model.graph
     params, state = model.init(seed)
     key = jax.random.key(seed)
     out = NetTimes(seeded="loss" if _has_loss(model) else "outputs")
+    if per_layer:
+        layers = _PerLayer(graph, params, state, key, iterations, on_layer)
+        out.layers = layers.run(graph.feed(inputs))
+        out.compile_layers_s, out.layer_programs = layers.compile_s, len(layers.programs)
 
     def loss(p, s, x):
         blobs, _ = model.apply(p, s, x, key)
@@ -139,11 +150,102 @@ def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer
     out.fused_forward_ms = timed(lambda: fwd(params, state, inputs), iterations)
     out.fused_forward_backward_ms = timed(lambda: fb(params, state, inputs), iterations)
     out.peak_bytes, out.peak_source = _peak([fwd, fb])
-    if per_layer:
-        every_blob = jax.jit(lambda p, s, x: model.apply(p, s, x, key)[0])
-        env = {**graph._feed(inputs), **every_blob(params, state, inputs)}
-        out.layers, out.compile_layers_s = _per_layer(graph, params, state, env, key, iterations)
     return out
+
+
+def layer_signature(graph: Any, caffe: Any) -> Hashable:
+    """What a layer's compiled programs depend on: its type and parameters (names, blob
+    names and loss weights aside), its bottoms' and blobs' shapes, which of them take a
+    gradient, and its layout. Layers with shared or carried blobs keep programs of their own."""
+    shapes = tuple(_version_shape(graph, b) for b in caffe.bottoms)
+    if caffe.is_split:
+        return ("Split", shapes, len(caffe.tops))
+    layer = graph.net.layer(caffe.key)
+    decls = graph.decls.get(caffe.key, [])
+    if caffe.key in graph.carries or any((caffe.key, j) in graph.shared for j in range(len(decls))):
+        return ("own", caffe.key)
+    param = type(layer.param)()
+    param.CopyFrom(layer.param)
+    for field_name in ("name", "bottom", "top", "loss_weight", "param", "include", "exclude"):
+        param.ClearField(field_name)
+    backward = graph.net.backward[caffe.key]
+    return (layer.type, param.SerializeToString(deterministic=True), shapes,
+            tuple((tuple(d.shape), d.state) for d in decls), backward.bottoms, backward.params,
+            caffe.key in getattr(graph, "nhwc_layers", ()))  # fmt: skip
+
+
+def _version_shape(graph: Any, version: str) -> tuple[int, ...]:
+    shapes = graph.net.shapes
+    return tuple(shapes.get(version) or shapes[version.split("#split", 1)[0]])
+
+
+class _PerLayer:
+    """Caffe's layers in order, each forward and backward timed on its own programs (shared
+    by layers with the same :func:`layer_signature`), each on the tops its predecessors
+    computed."""
+
+    def __init__(self, graph, params, state, key, iterations, on_layer):
+        self.graph, self.params, self.state, self.key = graph, params, state, key
+        self.iterations, self.on_layer = iterations, on_layer
+        self.programs: dict[Hashable, tuple] = {}
+        self.compile_s = 0.0
+
+    def run(self, env: dict[str, Any]) -> list[LayerTime]:
+        graph, env, times = self.graph, dict(env), []
+        for k, caffe in enumerate(graph.caffe_layers):
+            if caffe.key is not None and graph.lowerings[caffe.key].source:
+                continue
+            blobs = [] if caffe.is_split else self._blobs(caffe.key)
+            bottoms = [env[b] for b in caffe.bottoms]
+            fwd, vjp_of, bwd = self._programs(k, caffe, blobs, bottoms)
+            tops = fwd(blobs, bottoms)
+            env.update(zip(caffe.tops, tops))
+            forward_ms = timed(partial(fwd, blobs, bottoms), self.iterations)
+            _, pullback = vjp_of(blobs, bottoms)
+            ones = [jnp.ones_like(t) for t in tops]
+            backward_ms = timed(partial(bwd, pullback, ones), self.iterations)
+            times.append(LayerTime(caffe.name, forward_ms, backward_ms))
+            if self.on_layer is not None:
+                self.on_layer(times[-1])
+        return times
+
+    def _blobs(self, name: str) -> list[Any]:
+        return self.graph.layer_blobs(self.graph.net.layer(name), self.params, self.state)
+
+    def _programs(self, k: int, caffe: Any, blobs: list, bottoms: list) -> tuple:
+        signature = layer_signature(self.graph, caffe)
+        if signature not in self.programs:
+            start = time.perf_counter()
+            run = self._layer_fn(k, caffe)
+            fwd = compiled(run, blobs, bottoms)[0]
+            vjp_of = jax.jit(lambda b, x: jax.vjp(run, b, x))
+            tops, pullback = jax.block_until_ready(vjp_of(blobs, bottoms))
+            bwd = compiled(lambda f, d: f(d), pullback, [jnp.ones_like(t) for t in tops])[0]
+            self.programs[signature] = (fwd, vjp_of, bwd)
+            self.compile_s += time.perf_counter() - start
+        return self.programs[signature]
+
+    def _layer_fn(self, k: int, caffe: Any) -> Callable:
+        """``(blobs, bottoms) -> tops`` of layer ``k`` alone, its blobs given in Caffe's order
+        (the params and state trees are rebuilt inside, so layers alike share the program)."""
+        graph, key = self.graph, self.key
+        name = caffe.key
+        decls = [] if caffe.is_split else graph.decls.get(name, [])
+        shared = any((name, j) in graph.shared for j in range(len(decls)))
+        params_of = _layer_params(graph, name, self.params) if shared else {}
+        carry = carry_of(self.state)
+
+        def run(blobs, bottoms):
+            params, state = dict(params_of), {}
+            if decls and not shared:
+                params[name] = [None if d.state else b for d, b in zip(decls, blobs)]
+                state = {name: [b if d.state else None for d, b in zip(decls, blobs)]}
+            out, _ = graph.run(params, NetState(state, carry),
+                               dict(zip(caffe.bottoms, bottoms)), key,
+                               start=k, stop=k + 1)  # fmt: skip
+            return [out[t] for t in caffe.tops]
+
+        return run
 
 
 def _layer_params(graph, layer_key: str | None, params) -> dict[str, Any]:
@@ -153,32 +255,6 @@ def _layer_params(graph, layer_key: str | None, params) -> dict[str, Any]:
     names = {layer_key} | {owner for (name, _), (owner, _) in graph.shared.items()
                            if name == layer_key}  # fmt: skip
     return {n: params[n] for n in names if n in params}
-
-
-def _per_layer(graph, params, state, env, key, iterations) -> tuple[list[LayerTime], float]:
-    times, compile_s = [], 0.0
-    for k, caffe in enumerate(graph.caffe_layers):
-        if caffe.key is not None and graph.lowerings[caffe.key].source:
-            continue
-        p = _layer_params(graph, caffe.key, params)
-        bottoms = {b: env[b] for b in caffe.bottoms}
-
-        def run(p, bottoms, k=k, tops=tuple(caffe.tops)):
-            blobs, _ = graph.run({**params, **p}, state, bottoms, key, start=k, stop=k + 1)
-            return [blobs[t] for t in tops]
-
-        fwd, t1, c1 = compiled(run, p, bottoms)
-        vjp_of = jax.jit(lambda p, b, run=run: jax.vjp(run, p, b))
-        start = time.perf_counter()
-        tops, pullback = jax.block_until_ready(vjp_of(p, bottoms))
-        c2 = time.perf_counter() - start
-        ones = [jnp.ones_like(t) for t in tops]
-        bwd, t3, c3 = compiled(lambda f, d: f(d), pullback, ones)
-        compile_s += t1 + c1 + c2 + t3 + c3
-        forward_ms = timed(partial(fwd, p, bottoms), iterations)
-        times.append(LayerTime(caffe.name, forward_ms, timed(partial(bwd, pullback, ones),
-                                                             iterations)))  # fmt: skip
-    return times, compile_s
 
 
 def random_inputs(model: Model, seed: int = 0) -> dict[str, jax.Array]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from caffe2jax.cli.summary import add_define, add_dialect, parse_defines
 from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.parse import read_net, read_solver
 from caffe2jax.frontend.upgrade import upgraded_text
@@ -20,6 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output", help="where to write the upgraded prototxt")
     p.add_argument("--solver", action="store_true", help="treat INPUT as a solver")
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
+    add_dialect(p, "the fork numbering of a binary INPUT (default: from its own bytes)")
+    add_define(p)
     p.set_defaults(func=run)
 
 
@@ -28,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
         message = read_solver(args.input)
     else:
         try:
-            message = read_net(args.input)
+            message = read_net(args.input, dialect=args.dialect,
+                               defines=parse_defines(args.define))  # fmt: skip
         except PrototxtError as net_error:
             try:
                 message = read_solver(args.input)

@@ -97,9 +97,13 @@ class Slot:
         self._touched = False
 
     def reshape(self, shape: Sequence[int]) -> None:
-        """Caffe's Blob::Reshape: new zero contents (an array users hold keeps its old shape,
-        as a numpy array over Caffe's reallocated memory would not exist either)."""
-        self.shape = tuple(int(d) for d in shape)
+        """Caffe's Blob::Reshape: the same shape keeps the contents; a new one starts from
+        zeros (an array users hold keeps its old shape, as a numpy array over Caffe's
+        reallocated memory would not exist either)."""
+        shape = tuple(int(d) for d in shape)
+        if shape == self.shape:
+            return
+        self.shape = shape
         self._array = None
         self._source = None
         self._cache = None
@@ -169,7 +173,8 @@ class Blob:
     width = property(lambda self: self._legacy(3))
 
     def reshape(self, *shape: int) -> None:
-        """Give the blob a new shape (the net recompiles on its next forward)."""
+        """Caffe's Blob::Reshape, in place: this Blob object stays the net's (handles a
+        script holds see the new shape); the next forward takes the new shape."""
         shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and
                                        isinstance(shape[0], tuple | list) else shape))  # fmt: skip
         self._data.reshape(shape)

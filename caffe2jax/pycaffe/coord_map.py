@@ -40,7 +40,9 @@ def _conv_geometry(fn: Function) -> tuple[int, np.ndarray, np.ndarray, np.ndarra
     p = fn.params.get("convolution_param", fn.params)
     legacy = {"pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w"} & set(p)
     if legacy:
-        raise ValueError(f"cropping does not support the legacy _h/_w parameters {sorted(legacy)}")
+        raise AssertionError(
+            f"cropping does not support the legacy _h/_w parameters {sorted(legacy)}"
+        )
     kernel = np.array(p["kernel_size"], ndmin=1)
     dilation = np.array(p.get("dilation", 1), ndmin=1)
     stride = np.array(p.get("stride", 1), ndmin=1)
@@ -121,14 +123,16 @@ def coord_map_from_to(top_from: Top, top_to: Top) -> Map:
 
 def crop(top_from: Top, top_to: Top) -> Top:
     """A Crop layer cutting ``top_from`` to ``top_to``'s extent at the offset the map gives
-    (the scale must be 1 and the offset a non-negative integer)."""
+    (the scale must be 1 and the offset a non-negative integer; AssertionError otherwise,
+    as pycaffe asserts)."""
     axis, a, b = coord_map_from_to(top_from, top_to)
     a, b = np.asarray(a), np.asarray(b)
+    # pycaffe asserts these: the same exception (raised, so ``python -O`` keeps the checks)
     if not (a == 1).all():
-        raise ValueError(f"scale mismatch on crop (a = {a})")
+        raise AssertionError(f"scale mismatch on crop (a = {a})")
     if not (b <= 0).all():
-        raise ValueError(f"cannot crop negative offset (b = {b})")
+        raise AssertionError(f"cannot crop negative offset (b = {b})")
     if not (np.round(b) == b).all():
-        raise ValueError(f"cannot crop noninteger offset (b = {b})")
+        raise AssertionError(f"cannot crop noninteger offset (b = {b})")
     offset = [int(v) for v in -np.round(b).astype(int)]
     return layers.Crop(top_from, top_to, crop_param=dict(axis=axis + 1, offset=offset))

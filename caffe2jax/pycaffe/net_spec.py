@@ -91,8 +91,8 @@ class Function:
     def __init__(self, type_name: str, inputs: tuple, params: dict[str, Any]):
         for index, bottom in enumerate(inputs):
             if not isinstance(bottom, Top):
-                raise TypeError(
-                    f"{type_name} input {index} is not a Top (type is {type(bottom).__name__})"
+                raise TypeError(  # pycaffe's text: "(type is <class 'tuple'>)"
+                    f"{type_name} input {index} is not a Top (type is {type(bottom)})"
                 )
         self.type_name = type_name
         self.inputs = tuple(inputs)

@@ -36,14 +36,14 @@ class Solver:
         self._loop = loop = SolverLoop(source, logger=logger, devices=devices)
         self.param = loop.param
         self.log = loop.log
-        self.net = Net._over(loop.train, loop.ts.params, loop.ts.state)
+        self.net = Net.view(loop.train, loop.ts.params, loop.ts.state)
         self.test_nets = []
         for i, compiled in enumerate(loop.tests):
             params, state = loop.test_params(i)
-            test = Net._over(compiled, params, state)
+            test = Net.view(compiled, params, state)
             test.share_with(self.net)
             self.test_nets.append(test)
-        self._pushed = self.net._params_version
+        self._pushed = self.net.params_version
 
     # -- pycaffe surface ----------------------------------------------------------------------
 
@@ -124,31 +124,28 @@ class Solver:
     def _pull(self) -> None:
         """Param values a script changed through the views become the train state's."""
         loop, net = self._loop, self.net
-        if net._params_version == self._pushed and not any(
-            blob._data.dirty() for blob in net._param_blobs.values()
-        ):
+        if net.params_version == self._pushed and not net.params_written():
             return
-        params, state = net._trees()
+        params, state = net.param_values()
         state = NetState({**loop.ts.state, **state}, carry_of(state))
         loop.ts = loop.ts.replace(params=params, state=state)
-        self._pushed = net._params_version
+        self._pushed = net.params_version
 
     def _push(self, tests: bool = True) -> None:
         """The train state's values into the views (arrays scripts hold see them); test nets
         share the train net's blobs, so their own blobs change only when ``tests``."""
         loop = self._loop
-        self.net._set_params(loop.ts.params, loop.ts.state)
-        self._pushed = self.net._params_version
+        self.net.show_params(loop.ts.params, loop.ts.state)
+        self._pushed = self.net.params_version
         for i, test in enumerate(self.test_nets if tests else []):
             params, state = loop.test_params(i)
             shared = set(loop.shares[i])
-            test._set_params(_unshared(params, shared), _unshared(state, shared))
+            test.show_params(_unshared(params, shared), _unshared(state, shared))
 
     def _fill(self, fed: dict) -> dict:
         """Input layers of the train net take what the script put in ``net.blobs``."""
-        for name in self.net.model.inputs:
-            if name not in fed:
-                fed[name] = self.net.blobs[name]._device()
+        for name, value in self.net.input_values().items():
+            fed.setdefault(name, value)
         return fed
 
     # -- training -----------------------------------------------------------------------------
@@ -165,14 +162,11 @@ class Solver:
         self._push(tests)
         record = loop.last_pass
         if record is not None:
-            self.net._show_pass(record, loop.last_outputs)
-            for (name, j), blob in self.net._param_blobs.items():
-                diffs = record.diffs.get(name)
-                if diffs is not None and diffs[j] is not None:
-                    blob._set_diff(diffs[j])
+            self.net.show_pass(record, loop.last_outputs)
+            self.net.show_param_diffs(record.diffs)
         for test, env in zip(self.test_nets if tests else [], loop.last_test_env):
             if env is not None:
-                test._show_forward(env)
+                test.show_forward(env)
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Caffe's Solver::Solve: optionally restore, train to max_iter, snapshot, final test."""
@@ -196,7 +190,7 @@ class Solver:
         iteration, clipping, normalization, regularization), then ``iter`` += 1."""
         loop = self._loop
         self._pull()
-        grads = self.net._param_diffs()
+        grads = self.net.param_diff_values()
         grads = {name: [g if v is not None else None for g, v in zip(grads[name], blobs)]
                  for name, blobs in loop.ts.params.items()}  # fmt: skip
         loop.ts = loop.trainer.apply(loop.ts, grads)

@@ -1,7 +1,7 @@
 """Caffe's 2-D convolution through oneDNN, called from inside the jitted XLA:CPU program.
 
-The CPU's convolution wherever libdnnl loads (``CAFFE2JAX_CPU_CONV``: unset/``auto``,
-``onednn``, ``onednn-all``, ``xla``; see :func:`mode`): a 2-D ConvolutionLayer's
+The CPU's convolution wherever libdnnl loads (when a convolution takes this path is the engine
+policy's choice: ``CAFFE2JAX_CPU_CONV``, policy.py ``EnginePolicy.conv``): a 2-D ConvolutionLayer's
 cross-correlation (grouped, strided, symmetric pad, dilated; bias added by XLA as before) runs
 as oneDNN's ``convolution_forward`` primitive, and its gradients as oneDNN's
 ``convolution_backward_data`` and ``convolution_backward_weights`` (Caffe's
@@ -31,14 +31,12 @@ import functools
 import os
 import sys
 import threading
-import warnings
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ENV = "CAFFE2JAX_CPU_CONV"
 LIB_ENV = "CAFFE2JAX_ONEDNN_LIB"
 
 # oneDNN v3 C API constants (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h)
@@ -65,41 +63,6 @@ _CALLBACK = ctypes.CFUNCTYPE(
 )
 
 
-# ``onednn``: only convolutions of at least this many forward multiply-adds and more than one
-# input channel per group. Below that, or with one (a first layer on grey images),
-# benchmarks/onednn_conv.py --sizes measured XLA's own convolution as fast or faster
-# (fwd+bwd: 2.5M MACs 0.71×, 9.6M 0.85×, 10M 0.82×; 1 input channel 0.12–0.34×; from 19.7M
-# 0.97–1.71×, and 5.95× on a 4×4 image): the pass through Python costs each call ~0.2 ms.
-MIN_MACS = 16_000_000
-MODES = ("onednn", "onednn-all")  # the size rule above / every 2-D float32 convolution
-
-
-SETTINGS = ("auto", *MODES, "xla")
-
-
-def mode() -> str:
-    """``$CAFFE2JAX_CPU_CONV``: ``auto`` (unset: the size rule wherever libdnnl loads and the
-    process sees one device), ``onednn`` (the size rule, a warning if libdnnl is missing),
-    ``onednn-all`` (every 2-D float32 convolution) or ``xla`` (XLA's own convolution)."""
-    value = os.environ.get(ENV, "").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(f"${ENV}={value!r}: use one of {', '.join(SETTINGS)}")
-    return value
-
-
-def wanted() -> bool:
-    """Whether ``$CAFFE2JAX_CPU_CONV`` lets convolutions take the oneDNN path."""
-    return mode() != "xla"
-
-
-def worth_it(w_shape, macs: int) -> bool:
-    """Whether a convolution of ``macs`` forward multiply-adds with weights of ``w_shape``
-    takes the oneDNN path under the current mode."""
-    if mode() == "onednn-all":
-        return True
-    return macs >= MIN_MACS and w_shape[1] > 1
-
-
 def _find_library() -> str:
     if os.environ.get(LIB_ENV):
         return os.environ[LIB_ENV]
@@ -110,8 +73,9 @@ def _find_library() -> str:
     found = ctypes.util.find_library("dnnl")
     if found is None:
         raise OSError(
-            f"{ENV}=onednn needs oneDNN's libdnnl.so.3: pip install 'caffe2jax[onednn]' "
-            f"(the onednn-cpu-gomp wheel), or point ${LIB_ENV} at the library"
+            "CAFFE2JAX_CPU_CONV=onednn needs oneDNN's libdnnl.so.3: pip install "
+            "'caffe2jax[onednn]' (the onednn-cpu-gomp wheel), or point "
+            f"${LIB_ENV} at the library"
         )
     return found
 
@@ -225,49 +189,37 @@ class _Conv:
             wdims, wtag = (g.group, g.w[0] // g.group) + g.w[1:], _ABCDE
         self.x_md, self.y_md = _md(lib, g.x, act), _md(lib, g.y, act)
         self.w_user_md = _md(lib, wdims, wtag)
-        w_any = _md(lib, wdims, _ANY)
-        geo = _Dims(*g.stride), _Dims(*(d - 1 for d in g.dilation)), _Dims(*g.pad), _Dims(*g.pad)
         attr = self.attr = _VOIDP()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr")
         _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "attr")
-        x, y, eng = self.x_md, self.y_md, lib.engine
-        fwd = self._pd("convolution_forward", eng, _FWD_TRAINING, _CONV_DIRECT, x, w_any, None, y,
-                       *geo, attr)  # fmt: skip
-        pds = {
-            "fwd": (fwd, _Q_WEIGHTS),
-            "bwd_data": (
-                self._pd(
-                    "convolution_backward_data", eng, _CONV_DIRECT, x, w_any, y, *geo, fwd, attr
-                ),
-                _Q_WEIGHTS,
-            ),  # fmt: skip
-            "bwd_weights": (
-                self._pd(
-                    "convolution_backward_weights",
-                    eng,
-                    _CONV_DIRECT,
-                    x,
-                    w_any,
-                    None,
-                    y,
-                    *geo,
-                    fwd,
-                    attr,
-                ),
-                _Q_DIFF_WEIGHTS,
-            ),  # fmt: skip
-        }
         self.prims, self.w_md, self.reorders = {}, {}, {}
-        for kind, (pd, query) in pds.items():
+        for kind, (pd, query) in self._descriptors(g, _md(lib, wdims, _ANY)).items():
             self.prims[kind] = self._primitive(pd)
             self.w_md[kind] = _VOIDP(lib.dnnl_primitive_desc_query_md(pd, query, 0))
             src, dst = self.w_user_md, self.w_md[kind]
             if kind == "bwd_weights":
                 src, dst = dst, src
             if not lib.dnnl_memory_desc_equal(src, dst):
-                pd = self._pd("reorder", src, eng, dst, eng, attr)
+                pd = self._pd("reorder", src, lib.engine, dst, lib.engine, attr)
                 self.reorders[kind] = self._primitive(pd)
         self.local = threading.local()
+
+    def _descriptors(self, g: Geometry, w_any) -> dict[str, tuple[_VOIDP, int]]:
+        """The three primitive descriptors (weights in the format oneDNN prefers, ``any``),
+        each with the query naming its weights' memory descriptor."""
+        geo = _Dims(*g.stride), _Dims(*(d - 1 for d in g.dilation)), _Dims(*g.pad), _Dims(*g.pad)
+        x, y, eng, attr = self.x_md, self.y_md, self.lib.engine, self.attr
+        fwd = self._pd("convolution_forward", eng, _FWD_TRAINING, _CONV_DIRECT, x, w_any, None, y,
+                       *geo, attr)  # fmt: skip
+        data = self._pd("convolution_backward_data", eng, _CONV_DIRECT, x, w_any, y, *geo, fwd,
+                        attr)  # fmt: skip
+        weights = self._pd("convolution_backward_weights", eng, _CONV_DIRECT, x, w_any, None, y,
+                           *geo, fwd, attr)  # fmt: skip
+        return {
+            "fwd": (fwd, _Q_WEIGHTS),
+            "bwd_data": (data, _Q_WEIGHTS),
+            "bwd_weights": (weights, _Q_DIFF_WEIGHTS),
+        }
 
     def _pd(self, what: str, *args) -> _VOIDP:
         pd = _VOIDP()
@@ -425,29 +377,3 @@ def convolution(x, w, stride, pad, dilation, group, channels_last: bool) -> jax.
         channels_last,
     )
     return conv2d(g, x, w)
-
-
-def usable(x: jax.Array, w: jax.Array, macs: int) -> bool:
-    """Whether this convolution takes the oneDNN path: not turned off, on CPU, 2-D, float32,
-    and the library loads (if it does not and it was asked for by name, say why once; either
-    way XLA convolves). By default (``auto``) only in a process that sees one device: XLA's
-    SPMD partitioner has no rule for the foreign call, so a sharded program would gather the
-    whole batch onto every device."""
-    setting = mode()
-    if setting == "xla" or jax.default_backend() != "cpu" or x.ndim != 4:
-        return False
-    if setting == "auto" and jax.device_count() > 1:
-        return False
-    if not worth_it(w.shape, macs):
-        return False
-    if x.dtype != np.float32 or w.dtype != np.float32:
-        return False
-    why = available()
-    if why is not None and setting != "auto":
-        _warn_once(why)
-    return why is None
-
-
-@functools.cache
-def _warn_once(why: str) -> None:
-    warnings.warn(f"{why}; convolving with XLA instead", RuntimeWarning, stacklevel=3)

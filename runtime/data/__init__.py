@@ -1,5 +1,6 @@
 """Host-side data pipeline: Caffe's data layers, DataTransformer, databases and dataset tools."""
 
+from caffe2jax.runtime.data.base import ItemSource
 from caffe2jax.runtime.data.datum import (
     array_to_blobproto,
     array_to_datum,
@@ -22,6 +23,7 @@ from caffe2jax.runtime.data.sources import (
 )
 from caffe2jax.runtime.data.tools import compute_image_mean, convert_imageset
 from caffe2jax.runtime.data.transform import DataTransformer
+from caffe2jax.runtime.data.workers import available_cores, default_workers, set_default_workers
 
 __all__ = [
     "Cursor",
@@ -32,14 +34,17 @@ __all__ = [
     "HDF5DataSource",
     "HDF5OutputSink",
     "ImageDataSource",
+    "ItemSource",
     "Prefetcher",
     "Writer",
     "array_to_blobproto",
+    "available_cores",
     "array_to_datum",
     "blobproto_to_array",
     "compute_image_mean",
     "convert_imageset",
     "datum_to_array",
+    "default_workers",
     "decode_image",
     "encode_image",
     "encoded_datum",
@@ -51,5 +56,6 @@ __all__ = [
     "read_blobproto",
     "read_image",
     "resize_bilinear",
+    "set_default_workers",
     "write_blobproto",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import struct
 import tempfile
@@ -62,10 +63,12 @@ class Database:
         self._check_kind()
         try:
             if self.backend == "lmdb":
-                self._env = _acquire_lmdb(self.path)
+                self._env, self._env_key = _acquire_lmdb(self.path)
                 self._txn = self._env.begin(buffers=False)
             else:
-                self._db = _plyvel().DB(str(self.path), create_if_missing=False)
+                # by absolute name: LevelDB's in-process lock table knows files by the name
+                # they were opened with ("db/LOCK" of two folders would collide)
+                self._db = _plyvel().DB(str(self.path.resolve()), create_if_missing=False)
         except DataError:
             raise
         except Exception as err:  # lmdb.Error, plyvel.Error: unreadable database
@@ -125,7 +128,7 @@ class Database:
         self.watch.close()
         if self.backend == "lmdb":
             self._txn.abort()
-            _release_lmdb(self.path)
+            _release_lmdb(self._env_key)
         else:
             self._db.close()
 
@@ -145,7 +148,7 @@ def _db_faults(path: Path, backend: str) -> Iterator[None]:
 
 # py-lmdb opens an environment once per process: sources reading the same LMDB (a TRAIN and a
 # TEST net, say) share it, each with its own read transaction.
-_LMDB_ENVS: dict[Path, list] = {}
+_LMDB_ENVS: dict[tuple, list] = {}  # (folder, inode of data.mdb) -> [env, users]
 _LMDB_LOCK = threading.Lock()
 
 
@@ -194,21 +197,27 @@ def _meta(page: bytes) -> tuple[int, int, int] | None:
     return txnid, psize, last_pg
 
 
-def _acquire_lmdb(path: Path):
+def _acquire_lmdb(path: Path) -> tuple:
+    """The process's one environment of the LMDB at ``path`` (lmdb allows one per file), and
+    its key: the folder and its data file's inode, so that a database replaced at the same
+    path is opened afresh, never served from the old one's map."""
     import lmdb
 
-    key = path.resolve()
+    try:
+        inode = os.stat(path / "data.mdb").st_ino
+    except OSError:
+        inode = None
+    key = (path.resolve(), inode)
     with _LMDB_LOCK:
         if key not in _LMDB_ENVS:
-            check_lmdb_file(key)
-            env = lmdb.open(str(key), readonly=True, lock=False, readahead=False, max_readers=64)
+            check_lmdb_file(key[0])
+            env = lmdb.open(str(key[0]), readonly=True, lock=False, readahead=False, max_readers=64)
             _LMDB_ENVS[key] = [env, 0]
         _LMDB_ENVS[key][1] += 1
-        return _LMDB_ENVS[key][0]
+        return _LMDB_ENVS[key][0], key
 
 
-def _release_lmdb(path: Path) -> None:
-    key = path.resolve()
+def _release_lmdb(key: tuple) -> None:
     with _LMDB_LOCK:
         entry = _LMDB_ENVS.get(key)
         if entry is None:

@@ -89,9 +89,17 @@ def open_source(
 
 
 class Feeder:
-    """All host-fed data layers of one net: shapes for compiling, batches for each forward."""
+    """All host-fed data layers of one net: shapes for compiling, batches for each forward.
 
-    def __init__(self, net: ir.Net, base_dir: Path | None = None, seed: int | None = None):
+    ``workers``: the worker threads decoding and transforming each data layer's items
+    (default: :func:`~caffe2jax.runtime.data.workers.default_workers`, the cores this
+    process may use; 0: in the prefetch thread)."""
+
+    def __init__(self, net: ir.Net, base_dir: Path | None = None, seed: int | None = None,
+                 workers: int | None = None):  # fmt: skip
+        from caffe2jax.runtime.data.workers import default_workers
+
+        self.workers = default_workers() if workers is None else workers
         self.sources: dict[str, object] = {}
         self.layers: dict[str, ir.Layer] = {}
         for layer in net.layers:
@@ -110,7 +118,7 @@ class Feeder:
                     raise
                 # Caffe's prefetch thread: batches are read, decoded, transformed and copied
                 # to the device while the previous step computes.
-                source = Prefetcher(source, depth, to_device=True)
+                source = Prefetcher(source, depth, to_device=True, workers=self.workers)
             self.sources[layer.name] = source
             self.layers[layer.name] = layer
 
@@ -125,6 +133,17 @@ class Feeder:
         for name, source in self.sources.items():
             batches.update(zip(self.layers[name].top_names, source.next_batch()))
         return batches
+
+    def stats(self) -> dict[str, float]:
+        """The pipeline's seconds per stage (plan, decode, transform, put on the device) and
+        ``waited_s``, how long the net waited for its batches (input-bound time), summed
+        over the data layers, with the batches and items read."""
+        total: dict[str, float] = {}
+        for source in self.sources.values():
+            stats = getattr(source, "stats", None)
+            for name, value in stats.as_dict().items() if stats is not None else ():
+                total[name] = total.get(name, 0) + value
+        return total
 
     def get_state(self) -> dict[str, dict]:
         """Where every data layer stands (for exact resume), by layer name."""

@@ -30,15 +30,15 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, DataError
-from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
-from caffe2jax.runtime.data.memo import Memo
-from caffe2jax.runtime.data.sources import (
+from caffe2jax.runtime.data.base import (
     DataSource,
     check_phase,
+    checked_batch,
     make_rngs,
     positive_batch_size,
-    reader_class,
 )
+from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path
 
@@ -143,7 +143,7 @@ class HDF5DataSource(DataSource):
         return [(self.batch_size, *shape) for shape in self.row_shapes]
 
     def next_batch(self) -> list[np.ndarray]:
-        out = [np.empty(shape, np.float32) for shape in self.top_shapes()]
+        out = [np.empty(shape, np.float32) for shape in checked_batch(self.name, self.top_shapes())]
         for filled, picks in self._spans():
             for top, blob in zip(out, self.blobs, strict=True):
                 top[filled : filled + len(picks)] = blob[picks]
@@ -242,4 +242,6 @@ class HDF5OutputSink:
 def make_sink(layer: caffe_pb2.LayerParameter, *, out_dir: Path | None = None) -> HDF5OutputSink:
     """The sink of an HDF5Output layer; a relative ``file_name`` is written under ``out_dir``
     (default: the working directory, as Caffe)."""
+    from caffe2jax.runtime.data.sources import reader_class
+
     return reader_class(layer, "sink")(layer, out_dir=out_dir)

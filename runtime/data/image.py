@@ -1,31 +1,42 @@
 """Image decoding, encoding and resizing the way Caffe does it through OpenCV.
 
 Caffe holds images as OpenCV does: 8-bit, channels in **BGR** order, and hands them to the net
-as C×H×W. ``cv::imread``/``cv::imdecode`` are reproduced with Pillow:
+as C×H×W. Decoding uses OpenCV itself (``cv2.imdecode``, the call Caffe makes; it releases the
+GIL, so the pipeline's worker threads decode in parallel) when ``opencv-python-headless`` is
+installed, else Pillow, reproducing ``cv::imdecode``; ``CAFFE2JAX_IMAGE_DECODER=pil|cv2``
+chooses. Both give the same pixels for JPEG (libjpeg-turbo's default IDCT) and PNG:
 
 * ``native`` (``IMREAD_ANYCOLOR``, Caffe's ``DecodeDatumToCVMatNative``): gray stays 1 channel,
   everything else becomes 3-channel BGR; alpha is dropped, never blended.
 * ``color`` (``IMREAD_COLOR``): always 3-channel BGR, gray replicated.
 * ``gray`` (``IMREAD_GRAYSCALE``): 1 channel. JPEGs are decoded to luma by libjpeg as OpenCV
   does; other images use OpenCV's ``BGR2GRAY`` fixed-point weights. Expect at most ±1 against
-  OpenCV where its decoders convert internally.
+  OpenCV where its decoders convert internally (Pillow fallback).
 * 16-bit images are reduced to 8 bits by dropping the low byte, as OpenCV's decoders do.
+* A JPEG's EXIF orientation is applied, as OpenCV ≥ 3.1 (and Caffe built on it) does.
+
+Every image's header is checked before it is decoded (:mod:`.image_header`): one over the
+pixel limit is refused with one line naming it.
 
 ``resize_bilinear`` is ``cv::resize(..., INTER_LINEAR)`` (half-pixel centres, no antialiasing,
 11-bit fixed-point weights), which Caffe's ``ReadImageToCVMat`` uses for ``new_height``/
-``new_width`` and ``convert_imageset --resize_*``.
+``new_width`` and ``convert_imageset --resize_*``; with OpenCV installed, ``cv2.resize`` itself.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.guards import check_resize, open_image
+from caffe2jax.runtime.data.guards import check_resize
+from caffe2jax.runtime.data.image_header import check_image_size
 
 MODES = ("native", "color", "gray")
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -64,19 +75,67 @@ def _pil_to_chw(im: Image.Image, mode: str) -> np.ndarray:
     return bgr_to_gray(bgr) if mode == "gray" else bgr
 
 
-def decode_image(data: bytes, mode: str = "native", *, name: str = "image") -> np.ndarray:
-    """Decode an encoded image (JPEG, PNG, BMP, …) like ``cv::imdecode``; see the module doc
-    for ``mode``. Returns uint8 C×H×W; raises DataError naming ``name`` when it cannot."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+@functools.cache
+def _cv2():
+    """OpenCV's module when it decodes (installed, not turned off), else None."""
+    choice = os.environ.get("CAFFE2JAX_IMAGE_DECODER", "").lower()
+    if choice not in ("", "cv2", "pil"):
+        raise DataError(f"CAFFE2JAX_IMAGE_DECODER={choice!r}: use cv2 or pil")
+    if choice == "pil":
+        return None
     try:
-        with open_image(data, name) as im:
-            if mode == "gray" and im.format == "JPEG":
-                im.draft("L", im.size)  # libjpeg decodes straight to luma, as OpenCV asks it to
-            im.load()
-            return _pil_to_chw(im, mode)
+        import cv2
+    except ImportError:
+        if choice == "cv2":
+            raise DataError("CAFFE2JAX_IMAGE_DECODER=cv2 needs opencv-python-headless") from None
+        return None
+    return cv2
+
+
+def decoder_name() -> str:
+    """The library images are decoded with: "cv2" or "pil"."""
+    return "pil" if _cv2() is None else "cv2"
+
+
+def _decode_cv2(cv2, data: bytes, mode: str, name: str) -> np.ndarray:
+    flag = {"native": cv2.IMREAD_ANYCOLOR, "color": cv2.IMREAD_COLOR,
+            "gray": cv2.IMREAD_GRAYSCALE}[mode]  # fmt: skip
+    try:
+        hwc = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+    except cv2.error as err:
+        raise DataError(f"{name}: could not decode image ({str(err).strip()[:120]})") from None
+    if hwc is None:
+        raise DataError(f"{name}: could not decode image (not an image OpenCV reads)")
+    return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
+
+
+def _decode_pil(data: bytes, mode: str, name: str) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                if mode == "gray" and im.format == "JPEG":
+                    im.draft("L", im.size)  # libjpeg decodes straight to luma, as OpenCV does
+                im.load()
+                if im.format == "JPEG" and im.getexif().get(0x0112, 1) != 1:
+                    im = ImageOps.exif_transpose(im)
+                return _pil_to_chw(im, mode)
+    except Image.DecompressionBombError as err:
+        raise DataError(f"{name}: image too large to decode ({err})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise DataError(f"{name}: could not decode image ({err})") from err
+
+
+def decode_image(data: bytes, mode: str = "native", *, name: str = "image") -> np.ndarray:
+    """Decode an encoded image (JPEG, PNG, BMP, …) like ``cv::imdecode``; see the module doc
+    for ``mode``. Returns uint8 C×H×W (a view of OpenCV's H×W×C array: not contiguous);
+    raises DataError naming ``name`` when it cannot, or when its header claims more pixels
+    than the limit (checked before anything is allocated)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    check_image_size(data, name)
+    cv2 = _cv2()
+    return _decode_pil(data, mode, name) if cv2 is None else _decode_cv2(cv2, data, mode, name)
 
 
 def read_image(
@@ -91,8 +150,18 @@ def read_image(
     img = decode_image(data, "color" if is_color else "gray", name=str(path))
     if height > 0 and width > 0:
         check_resize(img.shape[0], img.shape[1], height, width, str(path))
-        img = resize_bilinear(img, height, width)
+        img = resize(img, height, width)
     return img
+
+
+def resize(chw: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``cv::resize(..., INTER_LINEAR)``: OpenCV's own when it is installed, else
+    :func:`resize_bilinear`. Returns uint8 C×H×W."""
+    cv2 = _cv2()
+    if cv2 is None or chw.shape[1:] == (height, width):
+        return resize_bilinear(chw, height, width)
+    hwc = cv2.resize(chw.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_LINEAR)
+    return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
 
 
 def encode_image(chw: np.ndarray, ext: str) -> bytes:

@@ -26,6 +26,14 @@ def _nbytes(value: object) -> int:
     return 0
 
 
+def _freeze(value: object) -> None:
+    if isinstance(value, np.ndarray):
+        value.setflags(write=False)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _freeze(v)
+
+
 class Memo:
     """``memo.get(key, read)``: ``read()`` once per key while the kept bytes fit."""
 
@@ -40,6 +48,7 @@ class Memo:
         value = read()
         size = _nbytes(value)
         if self.held + size <= self.limit:
+            _freeze(value)  # kept arrays are shared between batches: nothing may write them
             self._kept[key] = value
             self.held += size
         return value

@@ -12,6 +12,11 @@ On several devices, as Caffe gives each solver's data layer its own prefetch thr
 thread follows a :class:`~.shards.ReadPlan`: it skips (without decoding) the batches of other
 processes' devices and puts each batch it reads straight onto the device whose turn it is,
 so the consumer (:meth:`Prefetcher.next_slot`) copies nothing.
+
+With ``workers`` (item sources: Data, ImageData…) the thread plans the batches and worker
+threads decode and transform their items in parallel into preallocated slots
+(:mod:`.pipeline`); the batches, their order and the states are the same, byte for byte.
+:attr:`Prefetcher.stats` has the seconds spent per stage, and how long the consumer waited.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -26,8 +32,9 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.base import DataSource, ItemSource
+from caffe2jax.runtime.data.pipeline import Filler, Stats, jobs
 from caffe2jax.runtime.data.shards import Backlog, ReadPlan
-from caffe2jax.runtime.data.sources import DataSource
 
 _POLL_S = 0.05
 
@@ -45,7 +52,8 @@ class _Failure:
 class Prefetcher(DataSource):
     """Reads batches from ``source`` in a background thread, up to ``depth`` ahead. Owns the
     source: :meth:`close` stops the thread, then closes the source. With ``plan`` (or after
-    :meth:`shard`) it reads for a device mesh (:meth:`next_slot`)."""
+    :meth:`shard`) it reads for a device mesh (:meth:`next_slot`). ``workers`` > 0 decodes
+    and transforms an item source's batches in that many worker threads."""
 
     def __init__(
         self,
@@ -55,6 +63,7 @@ class Prefetcher(DataSource):
         to_device: bool = False,
         device: Any = None,
         plan: ReadPlan | None = None,
+        workers: int = 0,
     ) -> None:
         if depth < 1:
             raise ValueError(f"prefetch depth must be at least 1, not {depth}")
@@ -63,6 +72,8 @@ class Prefetcher(DataSource):
         self._to_device = to_device or device is not None
         self._device = device
         self.plan = plan
+        self.workers = workers if isinstance(source, ItemSource) else 0
+        self.stats = Stats()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._failure: _Failure | None = None
         self._closed = False
@@ -76,6 +87,8 @@ class Prefetcher(DataSource):
     def _start(self, reader: Any) -> None:
         self._stop = threading.Event()
         run = self._run if self.plan is None else self._run_plan
+        if self.workers:
+            run = self._run_items
         self._thread = threading.Thread(target=run, args=(reader,), name=f"prefetch-{self.name}",
                                         daemon=True)  # fmt: skip
         self._thread.start()
@@ -91,6 +104,14 @@ class Prefetcher(DataSource):
                     batch = jax.device_put(batch, self._device)
                 if not self._put((batch, state, None)):
                     return
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            self._put(_Failure(err))
+
+    def _run_items(self, reader: ItemSource) -> None:
+        filler = Filler(reader, self.workers, to_device=self._to_device, stats=self.stats)
+        try:
+            stream = jobs(reader, self.plan, self._device)
+            filler.run(stream, self._put, self._stop)
         except BaseException as err:  # handed to the consumer, which re-raises it
             self._put(_Failure(err))
 
@@ -154,9 +175,11 @@ class Prefetcher(DataSource):
             raise self._failure.error
         if self._closed:
             raise RuntimeError("the prefetcher is closed")
+        start = time.perf_counter()
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)
+                self.stats.add(waited_s=time.perf_counter() - start)
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
@@ -173,7 +196,7 @@ class Prefetcher(DataSource):
         position after the last batch handed out, which must begin a period."""
         if plan == self.plan:
             return
-        if self.plan is not None:  # read ahead for another plan: start over at our state
+        if self.plan is not None or self.workers:  # start over at our state
             self._halt()
             self.plan = plan
             self.source.set_state(self._state)

@@ -1,4 +1,5 @@
-"""Caffe's DataTransformer (src/caffe/data_transformer.cpp), applied to whole batches.
+"""Caffe's DataTransformer (src/caffe/data_transformer.cpp), one item at a time, into its row of
+a batch.
 
 Per item, exactly as Caffe:
 
@@ -11,13 +12,22 @@ Per item, exactly as Caffe:
   (so it is cropped and mirrored with the image), or ``mean_value[c]`` (one value is repeated
   for every channel); without a mean it is ``pixel × scale``.
 
-``mean_file`` and ``mean_value`` together, ``force_color`` with ``force_gray``, a mean of the
-wrong shape or a crop larger than the image are errors, as in Caffe. The RNG is a seeded numpy
-Generator, so runs are reproducible (not bit-identical to Caffe's own RNG stream).
+The pixels are read once, straight from the decoded image (any strides: OpenCV's H×W×C seen
+as C×H×W) into the batch row: crop and mirror are views, the subtraction converts to float32
+as it writes, and the scale multiplies in place. ``mean_file`` and ``mean_value`` together,
+``force_color`` with ``force_gray``, a mean of the wrong shape or a crop larger than the image
+are errors, as in Caffe.
+
+Random numbers (beyond Caffe, whose draws follow one RNG stream): an item's mirror flag and
+crop offsets are a hash of the reader's key and the item's *position* in the stream of items
+the reader hands out (:func:`draws`), so they do not depend on which worker transforms it,
+when, or how many batches were skipped, and a resumed reader draws the same numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +38,45 @@ from caffe2jax.runtime.data.datum import read_blobproto
 from caffe2jax.runtime.data.files import resolve_input
 
 PHASES = ("TRAIN", "TEST")
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a bijective hash of 64-bit words."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniform_ints(key: int, positions: np.ndarray, stream: int, bound: int) -> np.ndarray:
+    """``Rand(bound)`` for each position: integers in ``[0, bound)`` hashed from the key, the
+    position and the stream (0: mirror, 1: row offset, 2: column offset)."""
+    pos = np.asarray(positions, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        words = _mix(np.uint64(key) ^ _mix((pos * np.uint64(3) + np.uint64(stream + 1)) * _GOLDEN))
+    return (words % np.uint64(bound)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The random choices of a run of items: mirror flags and crop offsets."""
+
+    flip: np.ndarray
+    h_off: np.ndarray
+    w_off: np.ndarray
+
+    def __getitem__(self, rows: slice) -> Draws:
+        return Draws(self.flip[rows], self.h_off[rows], self.w_off[rows])
 
 
 class DataTransformer:
-    """Crop, mirror, mean subtraction and scaling of (N, C, H, W) batches."""
+    """Crop, mirror, mean subtraction and scaling of C×H×W items into float32 batch rows."""
 
     def __init__(
         self,
         param: caffe_pb2.TransformationParameter,
         phase: str,
-        rng: np.random.Generator,
+        key: int = 0,
         *,
         base_dir: Path | None = None,
     ) -> None:
@@ -50,7 +89,7 @@ class DataTransformer:
                 "transform_param: cannot specify mean_file and mean_value at the same time"
             )
         self.phase = phase
-        self.rng = rng
+        self.key = int(key)
         self.scale = np.float32(param.scale)
         self.crop = int(param.crop_size)
         self.mirror = bool(param.mirror)
@@ -84,47 +123,65 @@ class DataTransformer:
             raise DataError(f"{prefix}crop_size {self.crop} is larger than the data {h}×{w}")
         return (c, self.crop or h, self.crop or w)
 
-    def _indices(self, n: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-item mirror flags and the source rows/columns each output pixel reads."""
-        flips = self.rng.integers(0, 2, n).astype(bool) if self.mirror else np.zeros(n, bool)
-        if not self.crop:
-            rows = np.broadcast_to(np.arange(h), (n, h))
-            cols = np.broadcast_to(np.arange(w), (n, w))
-        else:
-            if self.phase == "TRAIN":
-                h_off = self.rng.integers(0, h - self.crop + 1, n)
-                w_off = self.rng.integers(0, w - self.crop + 1, n)
-            else:
-                h_off = np.full(n, (h - self.crop) // 2)
-                w_off = np.full(n, (w - self.crop) // 2)
-            rows = h_off[:, None] + np.arange(self.crop)
-            cols = w_off[:, None] + np.arange(self.crop)
-        cols = np.where(flips[:, None], cols[:, ::-1], cols)
-        return flips, rows, cols
-
-    def skip(self, n: int, item_shape: tuple[int, ...]) -> None:
-        """Draw the random numbers a batch of ``n`` items of ``item_shape`` would draw, without
-        touching pixels: a batch skipped for another device leaves the RNG where
-        transforming it would have (the draws depend on the shape alone, never on the data)."""
+    def draws(self, positions: np.ndarray, item_shape: tuple[int, ...]) -> Draws:
+        """The mirror flags and crop offsets of the items at ``positions`` (see the module
+        doc): ``Rand(2)``, then ``Rand(H − crop + 1)`` and ``Rand(W − crop + 1)`` in TRAIN or
+        the centre in TEST."""
         _, h, w = item_shape
-        self._indices(n, h, w)
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        """Transform a (N, C, H, W) uint8 or float32 batch into a float32 batch."""
-        n, c, h, w = batch.shape
-        self.output_shape((c, h, w))
-        flips, rows, cols = self._indices(n, h, w)
-        if not self.crop and not flips.any():
-            pixels = batch.astype(np.float32)
+        n = len(positions)
+        flip = (uniform_ints(self.key, positions, 0, 2) == 1) if self.mirror else np.zeros(n, bool)
+        if not self.crop:
+            zeros = np.zeros(n, np.int64)
+            return Draws(flip, zeros, zeros)
+        if self.phase == "TRAIN":
+            h_off = uniform_ints(self.key, positions, 1, h - self.crop + 1)
+            w_off = uniform_ints(self.key, positions, 2, w - self.crop + 1)
         else:
-            chan = np.arange(c)[None, :, None, None]
-            r, q = rows[:, None, :, None], cols[:, None, None, :]
-            pixels = batch[np.arange(n)[:, None, None, None], chan, r, q].astype(np.float32)
+            h_off = np.full(n, (h - self.crop) // 2)
+            w_off = np.full(n, (w - self.crop) // 2)
+        return Draws(flip, h_off, w_off)
+
+    def __call__(self, items: Iterable[np.ndarray], draws: Draws, out: np.ndarray) -> np.ndarray:
+        """Transform ``items`` (C×H×W, uint8 or float32, taken one at a time: a generator
+        decodes each as it is needed) into the rows of ``out``, a float32 (N, C, h, w) array;
+        returns ``out``."""
+        count = 0
+        for row, item in enumerate(items):
+            self.transform_into(item, bool(draws.flip[row]), int(draws.h_off[row]),
+                                int(draws.w_off[row]), out[row])  # fmt: skip
+            count += 1
+        if count != len(out):
+            raise ValueError(f"{count} items for {len(out)} rows")
+        return out
+
+    def transform_into(self, item: np.ndarray, flip: bool, h_off: int, w_off: int,
+                       out: np.ndarray) -> None:  # fmt: skip
+        """One item into its float32 C×h×w row, in one pass over its pixels."""
+        c, h, w = out.shape
+        view = item[:, h_off : h_off + h, w_off : w_off + w]
+        if flip:
+            view = view[:, :, ::-1]
         if self.mean is not None:
-            chan = np.arange(c)[None, :, None, None]
-            mean = self.mean[chan, rows[:, None, :, None], cols[:, None, None, :]]
-            return (pixels - mean) * self.scale
-        if len(self.mean_values):
-            means = np.broadcast_to(self.mean_values, (c,))[None, :, None, None]
-            return (pixels - means) * self.scale
-        return pixels * self.scale
+            mean = self.mean[:, h_off : h_off + h, w_off : w_off + w]
+            np.subtract(view, mean[:, :, ::-1] if flip else mean, out=out)
+        elif len(self.mean_values):
+            np.subtract(view, self._channel_means(c), out=out)
+        else:
+            out[...] = view
+        if self.scale != 1:
+            np.multiply(out, self.scale, out=out)
+
+    def _channel_means(self, channels: int) -> np.ndarray:
+        """``mean_value`` as a (C, 1, 1) array (one value repeated for every channel)."""
+        means = getattr(self, "_means", None)
+        if means is None or len(means) != channels:
+            means = self._means = np.ascontiguousarray(
+                np.broadcast_to(self.mean_values, (channels,))[:, None, None])  # fmt: skip
+        return means
+
+    def transform(self, batch: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """A whole (N, C, H, W) batch whose items sit at ``positions``, as a new float32
+        array (checked against :meth:`output_shape`)."""
+        shape = self.output_shape(batch.shape[1:])
+        out = np.empty((len(batch), *shape), np.float32)
+        return self(iter(batch), self.draws(positions, batch.shape[1:]), out)

@@ -173,13 +173,14 @@ class Watch:
 
 def content_id(records, entries: int | None) -> dict:
     """A database's identity by content: its record count (None where it costs a full scan)
-    and a hash of the keys and value sizes of its first records (``records``: an iterator of
+    and a hash of the keys and values of its first records (``records``: an iterator of
     ``(key, value)`` in key order)."""
     digest = hashlib.sha256()
     for i, (key, value) in enumerate(records):
         if i == HEAD_RECORDS:
             break
         digest.update(len(key).to_bytes(4, "little") + key + len(value).to_bytes(8, "little"))
+        digest.update(value)
     return {"entries": entries, "head": digest.hexdigest()[:16]}
 
 

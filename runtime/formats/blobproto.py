@@ -15,6 +15,13 @@ Reproduced from BVLC Caffe (src/caffe/blob.cpp):
   blob fits only the identical shape.
 * ``ToProto`` (float, no diff): packed ``data`` (field 5), then ``shape`` (field 7), which is
   absent for a 0-axis blob because Caffe only touches ``mutable_shape()`` once per axis.
+
+C3D v1.0 renumbered BlobProto for its 5-D blobs: num 1, channels 2, **length 3, height 4,
+width 5, data 6, diff 7** (BVLC: height 3, width 4, data 5, diff 6, shape 7). Read with BVLC's
+numbers such a blob would lose its data (into ``diff``); :func:`read_blob` reads each layout
+with its own numbers, and tells them apart from the bytes alone: C3D's field 5 (width) is a
+varint, BVLC's field 5 (data) never is. A layout given by the caller's dialect that the bytes
+contradict is an error, never a silent re-reading.
 """
 
 from __future__ import annotations
@@ -162,9 +169,29 @@ def aligned_empty(count: int, dtype: str | np.dtype, align: int = 64) -> np.ndar
     return raw[start : start + count * dtype.itemsize].view(dtype)
 
 
+BVLC_LAYOUT, C3D_V10_LAYOUT = "bvlc", "c3d-v1.0"
+
+
+class LayoutError(WireError):
+    """A BlobProto whose bytes are laid out in another dialect than the one asked for."""
+
+    def __init__(self, found: str, expected: str):
+        self.found, self.expected = found, expected
+        super().__init__(
+            f"it is a {_LAYOUT_NAMES[found]} BlobProto, not a {_LAYOUT_NAMES[expected]} one "
+            f"(pass dialect='{found}')"
+        )
+
+
+_LAYOUT_NAMES = {BVLC_LAYOUT: "BVLC", C3D_V10_LAYOUT: "C3D v1.0 (5-D)"}
+
+
 @dataclass
 class RawBlob:
-    """A BlobProto as stored: its dims, whether they are legacy, and its values (1-D)."""
+    """A BlobProto as stored: its dims, whether they are legacy, and its values (1-D).
+
+    Legacy dims are BVLC's 4 (num, channels, height, width) or C3D v1.0's 5 (num, channels,
+    length, height, width)."""
 
     dims: tuple[int, ...]
     legacy: bool
@@ -178,15 +205,57 @@ class RawBlob:
         """Caffe's Blob::ShapeEquals(proto) for a target blob of shape ``target``."""
         target = tuple(int(d) for d in target)
         if self.legacy:
-            return len(target) <= 4 and (1,) * (4 - len(target)) + target == self.dims
+            axes = len(self.dims)
+            return len(target) <= axes and (1,) * (axes - len(target)) + target == self.dims
         return target == self.dims
 
 
 _LEGACY_FIELDS = (1, 2, 3, 4)  # num, channels, height, width
+_C3D_LEGACY = (1, 2, 3, 4, 5)  # num, channels, length, height, width
 
 
-def read_blob(scan: Scanner, start: int, end: int) -> RawBlob:
-    """Parse the BlobProto at ``[start, end)`` of the file (Caffe's Blob::FromProto reading)."""
+def blob_layout(scan: Scanner, start: int, end: int) -> str:
+    """``"c3d-v1.0"`` when the BlobProto at ``[start, end)`` has a varint field 5 (C3D's
+    width; BVLC's 5 is always the packed or fixed32 ``data``), else ``"bvlc"`` (also for
+    bytes that do not parse: reading them as BVLC's then names the fault)."""
+    try:
+        fields = scan.fields(start, end)
+    except WireError:
+        return BVLC_LAYOUT
+    for field in fields:
+        if field.number == 5:
+            return C3D_V10_LAYOUT if field.wire == VARINT else BVLC_LAYOUT
+    return BVLC_LAYOUT
+
+
+def read_blob(scan: Scanner, start: int, end: int, layout: str | None = None) -> RawBlob:
+    """Parse the BlobProto at ``[start, end)`` of the file (Caffe's Blob::FromProto reading),
+    in ``layout`` (``"bvlc"`` or ``"c3d-v1.0"``; ``None``: the one its bytes have). A blob
+    whose bytes have another layout than ``layout`` raises :class:`LayoutError`."""
+    found = blob_layout(scan, start, end)
+    if layout is not None and found != layout:
+        raise LayoutError(found, layout)
+    if found == C3D_V10_LAYOUT:
+        return _read_c3d_v10(scan, start, end)
+    return _read_bvlc(scan, start, end)
+
+
+def _read_c3d_v10(scan: Scanner, start: int, end: int) -> RawBlob:
+    """C3D v1.0's BlobProto: five legacy dims (1-5), packed float data (6), diff (7)."""
+    dims = dict.fromkeys(_C3D_LEGACY, 0)
+    chunks: list[np.ndarray] = []
+    for field in scan.fields(start, end):
+        if field.number in _C3D_LEGACY and field.wire == VARINT:
+            dims[field.number] = signed(field.value)
+        elif field.number == 6 and field.wire == LEN:
+            chunks.append(scan.floats(field, "<f4"))
+        elif field.number == 6:
+            raise WireError(f"C3D v1.0 BlobProto with unpacked data at byte {start}")
+    values = chunks[0] if len(chunks) == 1 else np.concatenate(chunks or [np.empty(0, "<f4")])
+    return RawBlob(tuple(dims.values()), True, values)
+
+
+def _read_bvlc(scan: Scanner, start: int, end: int) -> RawBlob:
     legacy = {}
     dims: list[int] = []
     data: list[np.ndarray] = []

@@ -8,6 +8,13 @@ UpgradeNetAsNeeded): ``layer`` (LayerParameter: name 1, type 2, blobs 7), V1 ``l
 (V1LayerParameter: name 4, type enum 5, blobs 6) and V0 ``layers { layer {...} }``
 (V0LayerParameter: name 1, type 2, blobs 50).
 
+Only ``name``, ``type`` and ``blobs`` are read from a layer: the layer's parameters come from
+the prototxt, so the fields forks numbered differently (PSPNet's ``interp_param`` on BVLC's
+``input_param`` number, ...) are never decoded here. What a binary itself holds still depends
+on the fork that wrote it: V1 layer type numbers (C3D v1.0's 30-40, DeepLab v1's 39-56,
+eric612's 61) are named in the caller's dialect, and blobs are read in the dialect's layout
+(:mod:`caffe2jax.runtime.formats.blobproto`).
+
 Writing reproduces Net::ToProto(param, write_diff=false): ``name``, then every layer of the
 *initialized* net in order, each being its LayerParameter as Net::Init left it (see
 :func:`caffe_layer_params`) with ``blobs`` replaced by the layer's current blobs.
@@ -23,14 +30,18 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.frontend.dialect import Dialect, choose
+from caffe2jax.frontend.dialects import FORKS, FORKS_BY_KEY
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.formats.blobproto import (
+    C3D_V10_LAYOUT,
     LEN,
     Field,
     Scanner,
     WireError,
     blob_body_size,
+    blob_layout,
     blob_pieces,
     encode_varint,
     tag,
@@ -45,18 +56,52 @@ _LAYER_BLOBS = 7
 
 @dataclass
 class SourceLayer:
-    """A layer of a weights file: its name, type and the byte range of each BlobProto."""
+    """A layer of a weights file: its name, type and the byte range of each BlobProto;
+    ``v1_type`` is the stored V1 LayerType number (None for V2 and V0 layers)."""
 
     name: str
     type: str
     blobs: list[tuple[int, int]] = field(default_factory=list)
+    v1_type: int | None = None
 
 
-def read_layers(scan: Scanner) -> tuple[str, list[SourceLayer]]:
-    """The net name and the layers of the NetParameter filling the scanned file.
+def read_layers(scan: Scanner, dialect: Dialect | None = None) -> tuple[str, list[SourceLayer]]:
+    """The net name and the layers of the NetParameter filling the scanned file, V1 type
+    numbers named as ``dialect`` numbers them (``None``: the dialect the file's own V1 numbers
+    and blobs point to, see :func:`v1_dialect`).
 
     A file with both ``layer`` and V1 ``layers`` is refused, as Caffe's UpgradeV1Net does.
     """
+    name, current, legacy = _scan_layers(scan)
+    if current and legacy:
+        raise WireError("it holds both 'layer' and V1 'layers' entries (Caffe refuses such nets)")
+    if legacy:
+        v1_names = (dialect or v1_dialect(scan, legacy)).v1_types()
+        for layer in legacy:
+            if layer.v1_type is not None:
+                layer.type = v1_type_string(layer.v1_type, v1_names)
+    return name, current or legacy
+
+
+def v1_dialect(scan: Scanner, layers: list[SourceLayer]) -> Dialect:
+    """The dialect a V1 file's own bytes point to: V1 type numbers BVLC does not have
+    (DeepLab v1's 40-56, eric612's 61), C3D v1.0's 5-D blobs; BVLC otherwise."""
+    bvlc = Dialect().v1_types()
+    features = []
+    for layer in layers:
+        if layer.v1_type is not None and layer.v1_type not in bvlc:
+            owners = tuple(
+                f
+                for f in FORKS
+                if layer.v1_type in f.enums.get("V1LayerParameter.LayerType", {}).values()
+            )
+            features.append((f"V1 layer type number {layer.v1_type}", owners))
+        if any(blob_layout(scan, *where) == C3D_V10_LAYOUT for where in layer.blobs):
+            features.append(("5-D blobs", (FORKS_BY_KEY["c3d-v1.0"],)))
+    return choose(features)
+
+
+def _scan_layers(scan: Scanner) -> tuple[str, list[SourceLayer], list[SourceLayer]]:
     name = ""
     current: list[SourceLayer] = []
     legacy: list[SourceLayer] = []
@@ -69,9 +114,7 @@ def read_layers(scan: Scanner) -> tuple[str, list[SourceLayer]]:
             legacy.append(_v1_layer(scan, top))
         elif top.number in (NET_NAME, NET_LAYER, NET_V1_LAYERS):
             raise WireError(f"field {top.number} of NetParameter has wire type {top.wire}")
-    if current and legacy:
-        raise WireError("it holds both 'layer' and V1 'layers' entries (Caffe refuses such nets)")
-    return name, current or legacy
+    return name, current, legacy
 
 
 def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
@@ -82,7 +125,7 @@ def _layer(scan: Scanner, where: Field, numbers: dict[str, int]) -> SourceLayer:
         elif f.number == numbers["type"] and f.wire == LEN:
             layer.type = scan.text(f)
         elif f.number == numbers["type"]:
-            layer.type = _v1_type(f.value)
+            layer.v1_type = f.value  # named by read_layers, in the file's dialect
         elif f.number == numbers["blobs"] and f.wire == LEN:
             layer.blobs.append((f.offset, f.offset + f.length))
         elif f.number == numbers.get("v0") and f.wire == LEN:
@@ -94,11 +137,11 @@ def _v1_layer(scan: Scanner, where: Field) -> SourceLayer:
     return _layer(scan, where, _V1)
 
 
-def _v1_type(value: int) -> str:
-    try:
-        return V1_LAYER_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(value)]
-    except (ValueError, KeyError):
-        return f"V1 type {value}"
+def v1_type_string(value: int, v1_names: dict[int, str]) -> str:
+    """The V2 type string of V1 LayerType number ``value`` in a dialect's numbering
+    (``v1_names``: number -> enum name), or ``"V1 type N"`` when the dialect has none."""
+    name = v1_names.get(value)
+    return V1_LAYER_TYPES.get(name, f"V1 type {value}") if name else f"V1 type {value}"
 
 
 # ---------------------------------------------------------------------------------------------

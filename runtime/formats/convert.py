@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream
-from caffe2jax.runtime.formats.blobproto import Scanner, WireError, read_blob
+from caffe2jax.runtime.formats.blobproto import (
+    BVLC_LAYOUT,
+    Scanner,
+    WireError,
+    blob_layout,
+    read_blob,
+)
 from caffe2jax.runtime.formats.caffemodel import BlobBody, write_net
 from caffe2jax.runtime.formats.weights import (
     HDF5,
@@ -41,17 +48,20 @@ def convert_weights(
     model: Model | None = None,
     *,
     format: str | None = None,  # noqa: A002 - same option as save_weights
+    dialect: str | None = None,
 ) -> Path:
-    """Write ``source``'s weights to ``dest`` (format from ``format`` or ``dest``'s suffix)."""
+    """Write ``source``'s weights to ``dest`` (format from ``format`` or ``dest``'s suffix).
+    ``dialect``: the fork numbering of a binary ``source`` (default: the model's, else the one
+    its own bytes point to)."""
     source, dest = Path(source), Path(dest)
     if model is not None:
-        params, state = load_weights(source, model)
+        params, state = load_weights(source, model, dialect=dialect)
         return save_weights(dest, model, params, state, format=format)
     out_format = format_for(dest, format)
     if weights_format(source) == HDF5:
         _from_hdf5(source, dest, out_format)
     else:
-        _from_binary(source, dest, out_format)
+        _from_binary(source, dest, out_format, get(dialect) if dialect else None)
     return dest
 
 
@@ -73,8 +83,8 @@ def _from_hdf5(source: Path, dest: Path, out_format: str) -> None:
             )
 
 
-def _from_binary(source: Path, dest: Path, out_format: str) -> None:
-    with open_caffemodel(source) as (scan, name, layers):
+def _from_binary(source: Path, dest: Path, out_format: str, dialect=None) -> None:
+    with open_caffemodel(source, dialect) as (scan, name, layers):
         if out_format == HDF5:
             weights_hdf5.write_hdf5(
                 dest,
@@ -97,11 +107,24 @@ def _from_binary(source: Path, dest: Path, out_format: str) -> None:
                 (
                     (
                         caffe_pb2.LayerParameter(name=layer.name, type=layer.type),
-                        [BlobBody.stored(scan, start, end) for start, end in layer.blobs],
+                        [_body(scan, source, layer.name, j, r) for j, r in enumerate(layer.blobs)],
                     )
                     for layer in layers
                 ),
             )
+
+
+def _body(scan: Scanner, source: Path, layer: str, j: int, where: tuple[int, int]) -> BlobBody:
+    """A BVLC BlobProto copied byte for byte; a C3D v1.0 (5-D legacy) one rewritten in BVLC's
+    numbers (a 5-axis ``shape``), since its own numbers mean other fields in BVLC's."""
+    try:  # a blob copied byte for byte must at least parse
+        scan.fields(*where)
+    except WireError as err:
+        raise WeightsError(f"{source}: layer '{layer}' blob {j} is corrupt: {err}") from None
+    if blob_layout(scan, *where) == BVLC_LAYOUT:
+        return BlobBody.stored(scan, *where)
+    get = _stored_values(scan, source, layer, j, where)
+    return BlobBody.floats(get().shape, get)
 
 
 def _stored_values(scan: Scanner, source: Path, layer: str, j: int, where: tuple[int, int]):

@@ -11,6 +11,14 @@ the two are one storage. The binary format copies into the first net layer of a 
 one into the last (Caffe's linear search vs ``layer_names_index_``). The format is recognised by
 its bytes (HDF5's signature), not by the file name.
 
+Forks: a binary file is read with the numbers of the fork that wrote it, its *dialect*
+(:mod:`caffe2jax.frontend.dialect`): by default the one the net's prototxt points to
+(``model.net.dialect``), or ``dialect=``. Only names, types and blobs are read (layer
+parameters come from the prototxt); the dialect decides the BlobProto layout (C3D v1.0's 5-D
+blobs) and the meaning of V1 type numbers. A blob laid out in another dialect, or a V1 type
+number that names the net's layer type only in another fork's numbering, is refused with the
+dialect to pass.
+
 Saving writes what Net::ToProto / Net::ToHDF5 write for the same prototxt and weights (see
 :mod:`.weights_binary` and :mod:`.weights_hdf5`), streamed to a temporary file that is renamed
 over ``path``; the bytes depend only on the net and the values.
@@ -28,15 +36,24 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from caffe2jax.frontend.errors import WeightsError
+from caffe2jax.frontend.dialect import Dialect, dialect_names, get
+from caffe2jax.frontend.errors import CaffeError, WeightsError
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream
-from caffe2jax.runtime.formats.blobproto import RawBlob, Scanner, WireError, read_blob
+from caffe2jax.runtime.formats.blobproto import (
+    LayoutError,
+    RawBlob,
+    Scanner,
+    WireError,
+    read_blob,
+)
 from caffe2jax.runtime.formats.caffemodel import (
     BlobBody,
+    SourceLayer,
     caffe_layer_params,
     read_layers,
+    v1_type_string,
     write_net,
 )
 
@@ -168,29 +185,43 @@ def load_weights(
     model: Model,
     params: Params | None = None,
     state: Params | None = None,
+    *,
+    dialect: str | Dialect | None = None,
 ) -> tuple[Params, Params]:
     """Copy a .caffemodel (binary or HDF5) into ``(params, state)`` for ``model``.
 
     ``params``/``state`` are the starting values (default ``model.init(0)``) and are not
-    modified. Raises WeightsError naming the layer, blob index and shapes on any mismatch.
+    modified. ``dialect`` is the fork numbering the binary file was written with (default:
+    the net's, ``model.net.dialect``). Raises WeightsError naming the layer, blob index and
+    shapes on any mismatch.
     """
     path = Path(path)
     target = Target(model, params, state, str(path))
     if weights_format(path) == HDF5:
         weights_hdf5.copy_from_hdf5(path, target)
     else:
-        _copy_from_binary(path, target)
+        _copy_from_binary(path, target, weights_dialect(model, dialect))
     return target.finish()
 
 
+def weights_dialect(model: Model, dialect: str | Dialect | None) -> Dialect:
+    """``dialect`` (a user's value), else the one the model's prototxt points to."""
+    try:
+        return get(dialect if dialect is not None else getattr(model.net, "dialect", None))
+    except CaffeError as err:
+        raise WeightsError(str(err)) from None
+
+
 @contextlib.contextmanager
-def open_caffemodel(path: Path) -> Iterator[tuple[Scanner, str, list]]:
-    """``(scanner, net name, layers)`` of a binary NetParameter, blobs left unread; a clear
-    WeightsError when the file is not one."""
+def open_caffemodel(
+    path: Path, dialect: Dialect | None = None
+) -> Iterator[tuple[Scanner, str, list]]:
+    """``(scanner, net name, layers)`` of a binary NetParameter, blobs left unread (V1 type
+    numbers named in ``dialect``'s numbering); a clear WeightsError when the file is not one."""
     with open(path, "rb") as handle:
         scan = Scanner(handle, path.stat().st_size)
         try:
-            name, layers = read_layers(scan)
+            name, layers = read_layers(scan, dialect)
         except WireError as err:
             raise WeightsError(f"{path}: not a binary NetParameter (caffemodel): {err}") from None
         if not layers:
@@ -198,24 +229,48 @@ def open_caffemodel(path: Path) -> Iterator[tuple[Scanner, str, list]]:
         yield scan, name, layers
 
 
-def _copy_from_binary(path: Path, target: Target) -> None:
+def _copy_from_binary(path: Path, target: Target, dialect: Dialect) -> None:
     """Net::CopyTrainedLayersFrom(NetParameter) over the layers of the file."""
-    with open_caffemodel(path) as (scan, _, layers):
+    with open_caffemodel(path, dialect) as (scan, _, layers):
         for source in layers:
             key = target.find(source.name)
             if key is None:
                 target.ignored(source.name)
                 continue
+            if source.v1_type is not None:
+                _check_v1_type(path, source, target.layers[key].type, dialect)
             if len(source.blobs) != target.blob_count(key):
                 target.count_mismatch(key, len(source.blobs), source.type)
             for j, (start, end) in enumerate(source.blobs):
-                try:
-                    raw = read_blob(scan, start, end)
-                except WireError as err:
-                    raise WeightsError(
-                        f"{path}: layer '{source.name}' blob {j} is corrupt: {err}"
-                    ) from None
-                target.put(key, j, raw)
+                target.put(key, j, _read(scan, path, source.name, j, (start, end), dialect))
+
+
+def _read(scan: Scanner, path: Path, layer: str, j: int, where, dialect: Dialect) -> RawBlob:
+    try:
+        return read_blob(scan, *where, layout=dialect.blob_layout)
+    except LayoutError as err:
+        raise WeightsError(
+            f"{path}: layer '{layer}' blob {j}: {err}; the net's dialect is {dialect.key} "
+            f"({dialect.name})"
+        ) from None
+    except WireError as err:
+        raise WeightsError(f"{path}: layer '{layer}' blob {j} is corrupt: {err}") from None
+
+
+def _check_v1_type(path: Path, source: SourceLayer, net_type: str, dialect: Dialect) -> None:
+    """A V1 type number means different layers in BVLC, C3D v1.0 and DeepLab v1: refuse a
+    file whose number names the net's layer type only in another fork's numbering (Caffe
+    itself never compares types; a mismatch no dialect explains is left alone, as there)."""
+    if source.type == net_type:
+        return
+    for key in dialect_names():
+        other = get(key)
+        if v1_type_string(source.v1_type, other.v1_types()) == net_type:
+            raise WeightsError(
+                f"{path}: layer '{source.name}': the file's V1 type number {source.v1_type} "
+                f"is {source.type} in {dialect.name}'s numbering but {net_type} in "
+                f"{other.name}'s, the net's type for it; pass dialect='{other.key}'"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ UNLIMITED = 1 << 60  # cgroup v1 writes "unlimited" as a page-rounded 2^63 - 1
 # What a process under a hard limit keeps back for what no estimate sees (XLA's compiler,
 # thread stacks, Python objects): 256 MiB plus a tenth of what is left.
 HEADROOM = 256 << 20
+SMALL = 64 << 20  # batches up to this size are not weighed against the budget (per batch)
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,8 @@ def check_batches_fit(
         if problem:
             raise DataError(f"layer '{layer}': top '{name}' {show_shape(shape)} {problem}")
     need = sum(math.prod(shape) for shape in shapes) * 4 * copies
+    if need <= SMALL and budget is None:  # not worth the few file reads the budget costs
+        return need
     budget = budget or memory_budget()
     if need > budget.bytes:
         raise DataError(

@@ -9,12 +9,10 @@ and Caffe's signal actions (stop / snapshot, checked between iterations).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +21,14 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
-from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
-from caffe2jax.runtime.data.feeding import Feeder, Sinks
-from caffe2jax.runtime.formats.atomic import atomic_write, remove_stale_temps
-from caffe2jax.runtime.formats.solverstate import (
-    SolverStateFile,
-    read_solverstate,
-    snapshot_name,
-    write_solverstate,
-)
+from caffe2jax.runtime.formats.atomic import remove_stale_temps
 from caffe2jax.runtime.parallel import data_parallel
-from caffe2jax.runtime.parallel.devices import is_primary, make_mesh
-from caffe2jax.runtime.train import solvers
+from caffe2jax.runtime.parallel.devices import make_mesh
+from caffe2jax.runtime.train import snapshots, solvers
+from caffe2jax.runtime.train.compiled import CompiledNet, shared_layers
 from caffe2jax.runtime.train.setup import (
     SOLVER_RULES,
     long_test_warnings,
@@ -45,57 +36,13 @@ from caffe2jax.runtime.train.setup import (
     net_state,
     read_solver_param,
 )
+from caffe2jax.runtime.train.snapshots import resume_path
 from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
-from caffe2jax.runtime.train.step import Trainer, learnable_order, merge
+from caffe2jax.runtime.train.step import Trainer, merge
 
 log = logging.getLogger("caffe2jax")
 
-
-def resume_path(solverstate: Path) -> Path:
-    """The sidecar of a snapshot (``X.solverstate`` → ``X.solverstate.resume.json``): JSON
-    beside the solverstate rather than an extension field inside it, so the solverstate stays
-    byte-for-byte what Caffe writes and reads, and the record can be read by eye."""
-    return solverstate.with_name(solverstate.name + ".resume.json")
-
-
-@dataclass
-class CompiledNet:
-    """A net ready to run: its compiled model, the data layers feeding it, its HDF5Output
-    sinks, and its PRNG key for forwards outside training."""
-
-    model: Model
-    feeder: Feeder
-    sinks: Sinks
-    key: jax.Array
-
-    @classmethod
-    def build(cls, source: Any, phase: str, *, state: Any = None, base_dir: Path,
-              seed: int, dtype: Any = np.float32) -> CompiledNet:  # fmt: skip
-        net = load_net(source, phase, 0, (), state=state)
-        feeder = Feeder(net, base_dir, seed=seed)
-        return cls(Model(net, feeder.input_shapes(), dtype), feeder, Sinks(net),
-                   jax.random.key(seed))  # fmt: skip
-
-    def close(self) -> None:
-        self.feeder.close()
-        self.sinks.close()
-
-
-def shared_layers(train: Model, test: Model) -> list[tuple[str, int]]:
-    """Net::ShareTrainedLayersWith: the (layer, blob) slots a test net takes from the train
-    net, by layer name; a shape mismatch is Caffe's fatal error."""
-    out = []
-    for name, j, decl in test.graph._owned():
-        theirs = train.graph.decls.get(name)
-        if theirs is None or j >= len(theirs) or (name, j) in train.graph.shared:
-            continue
-        if tuple(theirs[j].shape) != tuple(decl.shape):
-            raise SolverError(
-                f"cannot share layer '{name}' blob {j} with the test net: train shape "
-                f"{list(theirs[j].shape)}, test {list(decl.shape)}"
-            )
-        out.append((name, j))
-    return out
+__all__ = ["CompiledNet", "SolverLoop", "resume_path", "shared_layers"]
 
 
 class SolverLoop:
@@ -114,6 +61,29 @@ class SolverLoop:
             )
         p = self.param
         self.seed = int(p.random_seed if p.random_seed >= 0 else time.time_ns() % 2**31)
+        self._build_nets()
+        if self.mesh is not None:
+            data_parallel.check_loop(self)
+        self._build_trainer()
+        self.last_pass: Pass | None = None
+        self.last_outputs: dict[str, Any] = {}
+        self.last_test_env: list[dict | None] = [None] * len(self.tests)
+        self.tests_run = 0
+        self.window = LossWindow(p.average_loss)
+        self._pending: list[tuple[int, Any]] = []
+        self.stopped = False
+        self._snapshot_requested = False
+        self.on_iteration: Callable[[int], None] | None = None
+        self.on_start: list[Callable[[], None]] = []
+        self.on_gradients_ready: list[Callable[[], None]] = []
+        if p.snapshot_prefix:  # temp files an interrupted snapshot left behind
+            prefix = Path(p.snapshot_prefix)
+            remove_stale_temps(prefix.parent if str(prefix.parent) else Path("."), prefix.name)
+
+    def _build_nets(self) -> None:
+        """Solver::InitTrainNet and InitTestNets: the train net, the test nets (sharing the
+        train net's layers by name), each with its data layers."""
+        p = self.param
         train, tests = net_sources(p, self.folder)
         train_state = p.train_state if p.HasField("train_state") else None
         self.train = CompiledNet.build(
@@ -134,35 +104,21 @@ class SolverLoop:
                     f"HDF5Output layer '{layer.name}' in the train net is not written during "
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
-        if self.mesh is not None:
-            data_parallel.check_loop(self)
-        params, state = self.train.model.init(jax.random.key(self.seed))
+
+    def _build_trainer(self) -> None:
+        """The params from the fillers, the compiled step, the train state, and the test
+        nets' own state and forwards."""
+        key = jax.random.key(self.seed)
+        params, state = self.train.model.init(key)
         try:
-            self.trainer = Trainer(self.train.model, p, params, state, self.mesh)
+            self.trainer = Trainer(self.train.model, self.param, params, state, self.mesh)
         except ValueError as err:
             raise SolverError(str(err)) from None
-        self.ts = TrainState(params, state, self.trainer.init(params, state),
-                             jax.random.key(self.seed))  # fmt: skip
-        self.test_states = [t.model.init(jax.random.key(self.seed))[1] for t in self.tests]
-        self.last_pass: Pass | None = None
-        self.last_outputs: dict[str, Any] = {}
-        self.last_test_env: list[dict | None] = [None] * len(self.tests)
-        self.tests_run = 0
-        self.window = LossWindow(p.average_loss)
-        self._pending: list[tuple[int, Any]] = []
-        self.stopped = False
-        self._snapshot_requested = False
-        self.on_iteration: Callable[[int], None] | None = None
-        self.on_start: list[Callable[[], None]] = []
-        self.on_gradients_ready: list[Callable[[], None]] = []
-        self._test_forward = [
-            jax.jit(self._forward_fn(t.model)) if self.mesh is None
-            else data_parallel.test_forward(t.model, self.mesh)
-            for t in self.tests
-        ]  # fmt: skip
-        if p.snapshot_prefix:  # temp files an interrupted snapshot left behind
-            prefix = Path(p.snapshot_prefix)
-            remove_stale_temps(prefix.parent if str(prefix.parent) else Path("."), prefix.name)
+        self.ts = TrainState(params, state, self.trainer.init(params, state), key)
+        self.test_states = [t.model.init(key)[1] for t in self.tests]
+        if self.mesh is not None:  # one input shape on a mesh
+            self._test_forward = [data_parallel.test_forward(t.model, self.mesh)
+                                  for t in self.tests]  # fmt: skip
 
     # -- requests from signal handlers ----------------------------------------------------
 
@@ -194,7 +150,7 @@ class SolverLoop:
         out = []
         for _ in range(self.trainer.iter_size):
             if self.mesh is None:
-                fed = self.train.feeder.next_batches()
+                fed = self.train.next_inputs()
                 out.append(fill(fed) if fill is not None else fed)
                 continue
             # Caffe's solvers each read their own batch_size: one batch per device
@@ -293,7 +249,9 @@ class SolverLoop:
                                                self._passes(None)[0], keys)  # fmt: skip
             self.ts = self.ts.replace(state=state)
             return float(np.asarray(objective)[0])
-        blobs, state = model.apply(self.ts.params, self.ts.state, self._passes(None)[0], rng)
+        inputs = self._passes(None)[0]
+        model = self.train.member(inputs)
+        blobs, state = model.apply(self.ts.params, self.ts.state, inputs, rng)
         self.ts = self.ts.replace(state=state)
         return float(model.graph.objective(blobs))
 
@@ -313,7 +271,7 @@ class SolverLoop:
         test = self.tests[index].model
         shared = set(self.shares[index])
         merged = merge(self.ts.params, self.ts.state)
-        for name, j, decl in test.graph._owned():
+        for name, j, decl in test.graph.owned():
             tree = state if decl.state else params
             blobs = tree.setdefault(name, [None] * len(test.graph.decls[name]))
             blobs[j] = merged[name][j] if (name, j) in shared else mine[name][j]
@@ -328,7 +286,6 @@ class SolverLoop:
         """Caffe's Solver::Test: mean of each output over test_iter forwards."""
         self.log.info(f"Iteration {self.iter}, Testing net (#{index})")
         net = self.tests[index]
-        graph = net.model.graph
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
         if self.mesh is not None:
@@ -341,10 +298,12 @@ class SolverLoop:
                 self.log.info("Test interrupted.")
                 return {}
             net.key, rng = jax.random.split(net.key)
-            blobs, state = self._test_forward[index](params, state, net.feeder.next_batches(), rng)
+            inputs = net.next_inputs()
+            forward = net.program("test", inputs, lambda m: jax.jit(self._forward_fn(m)))
+            blobs, state = forward(params, state, inputs, rng)
             net.sinks.write(blobs)
             if self.param.test_compute_loss:
-                loss += float(graph.objective(blobs))
+                loss += float(net.member(inputs).graph.objective(blobs))
             for name in net.model.outputs:
                 value = np.asarray(blobs[name], np.float64)
                 sums[name] = sums.get(name, 0) + value
@@ -374,108 +333,26 @@ class SolverLoop:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[Path, Path]:
+    def snapshot(self) -> tuple[Path, Path] | None:
         """Caffe's Snapshot: weights then solver state, each written atomically."""
-        from caffe2jax.runtime.formats.weights import save_weights
-
-        p = self.param
-        if not is_primary():  # one process writes (its params equal every other's)
-            return None
-        if not p.snapshot_prefix:
-            raise SolverError("snapshot_prefix is not set; cannot write a snapshot")
-        hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
-        weights = Path(snapshot_name(p.snapshot_prefix, self.iter, hdf5, "caffemodel"))
-        weights.parent.mkdir(parents=True, exist_ok=True)
-        kind = "HDF5 file" if hdf5 else "binary proto file"
-        self.log.info(f"Snapshotting to {kind} {weights}")
-        model = self.train.model
-        save_weights(weights, model, self.ts.params, self.ts.state,
-                     format="hdf5" if hdf5 else "binary")  # fmt: skip
-        history = solvers.history_blobs(self.ts.opt_state, learnable_order(model))
-        inner = solvers.solver_state(self.ts.opt_state)
-        state_path = Path(snapshot_name(p.snapshot_prefix, self.iter, hdf5, "solverstate"))
-        atomic_write(resume_path(state_path), json.dumps(self._resume_record()))
-        self.log.info(f"Snapshotting solver state to {kind} {state_path}")
-        write_solverstate(
-            state_path,
-            SolverStateFile(self.iter, str(weights), int(inner.current_step), history),
-            hdf5,
-        )
-        return weights, state_path
+        return snapshots.snapshot(self)
 
     def restore(self, path: str | os.PathLike) -> None:
         """Caffe's Restore: iter, current_step and history; the weights from ``learned_net``."""
+        snapshots.restore(self, path)
+
+    def copy_trained_layers(self, path: str | os.PathLike, dialect: str | None = None) -> None:
+        """Caffe's CopyLayers into the train net (test nets share its layers); ``dialect``:
+        the fork numbering of a binary file (default: the net's)."""
         from caffe2jax.runtime.formats.weights import load_weights
 
-        path = Path(path)
-        saved = read_solverstate(path)
-        params, state = self.ts.params, self.ts.state
-        model = self.train.model
-        if saved.learned_net:
-            # Caffe writes the weights beside the state (same prefix) and records the path it
-            # used, relative to its working directory then: look beside the state first.
-            beside = path.parent / Path(saved.learned_net).name
-            weights = beside if beside.exists() else Path(saved.learned_net)
-            if not weights.exists():
-                raise SolverError(
-                    f"{path}: its weights file '{saved.learned_net}' was found neither beside "
-                    "it nor relative to the working directory"
-                )
-            params, state = load_weights(weights, model, params, state)
-        try:
-            opt_state = self.trainer.own_buffers(solvers.state_from_history(
-                self.param, merge(params, state), saved.history, learnable_order(model),
-                saved.iter, saved.current_step,
-            ))  # fmt: skip
-        except ValueError as err:
-            raise SolverError(f"{path}: {err}") from None
-        self.ts = self.ts.replace(params=params, state=state, opt_state=opt_state,
-                                  iteration=saved.iter)  # fmt: skip
-        self._resume_from(path, saved.iter)
-
-    def _resume_record(self) -> dict:
-        """What Caffe's solverstate leaves out and an exact resume needs: the run's seed (the
-        PRNG key of every step derives from it and the iteration) and where each data layer
-        of the train and test nets stands."""
-        return {
-            "caffe2jax_resume": 1,
-            "iter": self.iter,
-            "seed": self.seed,
-            "train": self.train.feeder.get_state(),
-            "tests": [net.feeder.get_state() for net in self.tests],
-            "test_keys": [np.asarray(jax.random.key_data(n.key)).tolist() for n in self.tests],
-        }
-
-    def _resume_from(self, solverstate: Path, iteration: int) -> None:
-        """Apply the sidecar beside ``solverstate`` when there is one for this iteration (a
-        snapshot from BVLC Caffe has none: its data layers start over, as in Caffe)."""
-        sidecar = resume_path(solverstate)
-        if not sidecar.exists():
-            self.log.info(f"{solverstate}: no {sidecar.name}; data layers start from the top")
-            return
-        try:
-            saved = json.loads(sidecar.read_text())
-            if saved.get("iter") != iteration:
-                raise ValueError(f"it is for iteration {saved.get('iter')}, not {iteration}")
-            self.seed = int(saved["seed"])
-            self.ts = self.ts.replace(key=jax.random.key(self.seed))
-            self.train.feeder.set_state(saved["train"])
-            for net, state, key in zip(self.tests, saved["tests"], saved["test_keys"]):
-                net.feeder.set_state(state)
-                net.key = jax.random.wrap_key_data(np.asarray(key, np.uint32))
-        except (ValueError, KeyError, TypeError) as err:
-            raise SolverError(f"{sidecar}: not a usable resume record ({err})") from None
-
-    def copy_trained_layers(self, path: str | os.PathLike) -> None:
-        """Caffe's CopyLayers into the train net (test nets share its layers)."""
-        from caffe2jax.runtime.formats.weights import load_weights
-
-        params, state = load_weights(path, self.train.model, self.ts.params, self.ts.state)
+        params, state = load_weights(path, self.train.model, self.ts.params, self.ts.state,
+                                     dialect=dialect)  # fmt: skip
         self.ts = self.ts.replace(params=params, state=state)
         for i, net in enumerate(self.tests):
             tp, ts = self.test_params(i)
-            self.test_states[i] = {**self.test_states[i],
-                                   **load_weights(path, net.model, tp, ts)[1]}  # fmt: skip
+            loaded = load_weights(path, net.model, tp, ts, dialect=dialect)[1]
+            self.test_states[i] = {**self.test_states[i], **loaded}
 
     def close(self) -> None:
         """Stop every net's data prefetching and close its files."""

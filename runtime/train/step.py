@@ -10,7 +10,7 @@ Caffe's solverstate history exactly; only the param slots take the update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -111,18 +111,21 @@ class Trainer:
         optimizer state, and XLA refuses to donate one buffer twice."""
         return jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
 
-    def _make_passes(self) -> Callable:
+    def _make_passes(self, models: Sequence[Model] | None = None) -> Callable:
         """``passes_fn(params, state, passes, rng) -> (grads, state, losses, outputs,
-        state_before_last)``: Caffe's iter_size ForwardBackward calls, gradients summed."""
+        state_before_last)``: Caffe's iter_size ForwardBackward calls, gradients summed.
+        ``models[k]`` runs pass ``k`` (the model for its input shapes; default: the net's)."""
         model, iter_size = self.model, self.iter_size
+        models = list(models or [model] * iter_size)
+        scan = iter_size > UNROLL_ITER_SIZE and all(m is models[0] for m in models)
         names = model.net.blob_names
         # the net's outputs, and the tops of layers a replay must not run again (Python data
         # layers): pycaffe's views after a step show them as the step computed them
         outputs = [(o, names[o]) for o in model.net.outputs]
         outputs += [(v, v) for v, _ in host_tops(model.graph)]
 
-        def grads_of(params, state, inputs, rng):
-            (loss, (blobs, state)), grads = jax.value_and_grad(model.loss, has_aux=True)(
+        def grads_of(params, state, inputs, rng, k=0):
+            (loss, (blobs, state)), grads = jax.value_and_grad(models[k].loss, has_aux=True)(
                 params, state, inputs, rng
             )
             return grads, state, loss, {key: blobs[ssa] for key, ssa in outputs}
@@ -138,14 +141,15 @@ class Trainer:
             return body
 
         def passes_fn(params, state, passes, rng):
-            if iter_size <= UNROLL_ITER_SIZE:
+            if not scan:
                 # Unrolled at trace time: on CPU an XLA scan (even with unroll) costs more
-                # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step).
+                # than the passes themselves (LeNet on digits: 11.9 ms vs 4.0 ms per step);
+                # passes of different shapes cannot be scanned either.
                 grads, losses, last_in = None, [], state
                 for k in range(iter_size):
                     last_in = state
                     g, state, loss, out = grads_of(
-                        params, state, passes[k], jax.random.fold_in(rng, k)
+                        params, state, passes[k], jax.random.fold_in(rng, k), k
                     )
                     grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
                     losses.append(loss)
@@ -169,8 +173,8 @@ class Trainer:
         params, opt_state, updates = self.update(params, state, opt_state, grads)
         return params, opt_state, jax.tree.map(jnp.negative, updates)
 
-    def _make_step(self) -> Callable:
-        passes_fn, iter_size = self._make_passes(), self.iter_size
+    def _make_step(self, models: Sequence[Model] | None = None) -> Callable:
+        passes_fn, iter_size = self._make_passes(models), self.iter_size
 
         def step(params, state, opt_state, passes, key, iteration):
             """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.
@@ -211,7 +215,30 @@ class Trainer:
         """Run the compiled step on ``passes``: a tuple of iter_size input dicts (on a mesh,
         global arrays sharded along their rows, one ``batch_size`` slice per device)."""
         params, state, opt_state, key = self.place(params, state, opt_state, key)
-        return self._step(params, state, opt_state, tuple(passes), key, iteration)
+        return self._step_for(passes)(params, state, opt_state, tuple(passes), key, iteration)
+
+    def _step_for(self, passes: Sequence[Mapping[str, Any]]) -> Callable:
+        """The compiled step for the passes' input shapes: Caffe reshapes the net on every
+        forward (a Python data layer's images of different sizes), so each shape signature
+        gets its step, compiled once and kept with the model of that signature."""
+        if self.mesh is not None:
+            return self._step
+        models = [self.member(inputs) for inputs in passes]
+        if all(m is self.model for m in models):
+            return self._step
+        home = models[-1]
+        key = ("train_step", id(self), tuple(m.signature for m in models))
+        if key not in home.programs:
+            home.programs[key] = jax.jit(self._make_step(models), donate_argnums=(2,))
+        return home.programs[key]
+
+    def member(self, inputs: Mapping[str, Any]) -> Model:
+        """The train model for the shapes of ``inputs`` (the net's own when they match)."""
+        given = self.model.inputs
+        shapes = {k: tuple(jnp.shape(v)) for k, v in inputs.items() if k in given}
+        if all(given[k] == s for k, s in shapes.items()):
+            return self.model
+        return self.model.reshape(shapes)
 
     def shown_inputs(self, inputs: Any) -> Any:
         """The inputs of the pass pycaffe's train net shows: on a mesh, device 0's slice

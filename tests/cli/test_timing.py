@@ -40,6 +40,31 @@ def test_time_net_lists_caffes_layers_splits_included():
     assert t.seeded == "loss"
 
 
+ALIKE = """
+name: "alike"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }
+""" + "".join(
+    f"""layer {{ name: "conv{i}" type: "Convolution" bottom: "{b}" top: "conv{i}"
+    convolution_param {{ num_output: 3 kernel_size: 3 pad: 1
+                         weight_filler {{ type: "xavier" }} }} }}
+    layer {{ name: "relu{i}" type: "ReLU" bottom: "conv{i}" top: "conv{i}" }}
+    """
+    for i, b in ((1, "data"), (2, "conv1"), (3, "conv2"))
+)
+
+
+def test_layers_alike_share_programs_and_each_is_reported_as_timed():
+    model = compile_net(ALIKE, "TEST")
+    seen = []
+    t = time_net(model, random_inputs(model), iterations=1, per_layer=True,
+                 on_layer=lambda layer: seen.append(layer.name))  # fmt: skip
+    names = ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3"]
+    assert seen == names and [x.name for x in t.layers] == names
+    assert t.layer_programs == 2  # one convolution's programs, one ReLU's
+    assert all(x.forward_ms > 0 and x.backward_ms > 0 for x in t.layers)
+
+
 def test_a_net_without_loss_is_timed_from_its_outputs():
     deploy = NET.replace('top: "label"', "").replace("shape { dim: 4 } ", "")
     deploy = deploy[: deploy.index('layer { name: "loss"')]

@@ -17,6 +17,7 @@ import pytest
 from google.protobuf import descriptor, text_format, unknown_fields
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.dialect_schema import schema
 from tests.golden import GOLDEN, MODELS, ROOT, require
 
 FD = descriptor.FieldDescriptor
@@ -269,14 +270,16 @@ def test_packed_and_required_labels():
     assert _field("NetParameter", "layer").is_repeated
 
 
-def test_no_fork_fields():
-    layer = caffe_pb2.LayerParameter.DESCRIPTOR
+def test_bvlc_numbering_is_bvlcs_without_the_fork_fields():
+    # caffe.proto also holds the forks' fields (tests/frontend/test_forks_schema.py); BVLC's
+    # numbering (the "bvlc" dialect) is exactly BVLC's: LayerParameter ends at 148.
+    layer = schema("bvlc", "LayerParameter").DESCRIPTOR
     numbers = {f.number for f in layer.fields}
     assert max(n for n in numbers if n != 1000) == 148
     for name in ("annotated_data_param", "multibox_loss_param", "norm_param", "permute_param"):
         assert name not in layer.fields_by_name
-    assert "ap_version" not in caffe_pb2.SolverParameter.DESCRIPTOR.fields_by_name
-    assert "LabelMap" not in caffe_pb2.DESCRIPTOR.message_types_by_name
+        assert name in caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
+    assert "ap_version" not in schema("bvlc", "SolverParameter").DESCRIPTOR.fields_by_name
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,8 +429,11 @@ V1_LAYER_TYPES = {
 
 def test_v1_layer_type_enum_is_complete():
     enum = caffe_pb2.V1LayerParameter.LayerType
-    assert dict(enum.items()) == V1_LAYER_TYPES
+    assert {k: v for k, v in enum.items() if k in V1_LAYER_TYPES} == V1_LAYER_TYPES
     assert enum.DESCRIPTOR.full_name == "caffe.V1LayerParameter.LayerType"
+    # The forks' V1 types are extra names (at the numbers caffe.proto's rule gives them).
+    bvlc = schema("bvlc", "V1LayerParameter").DESCRIPTOR.enum_types_by_name["LayerType"]
+    assert {v.name: v.number for v in bvlc.values} == V1_LAYER_TYPES
 
 
 ENUMS = {
@@ -442,7 +448,9 @@ ENUMS = {
     "caffe.SolverParameter.SolverMode": {"CPU": 0, "GPU": 1},
     "caffe.ParamSpec.DimCheckMode": {"STRICT": 0, "PERMISSIVE": 1},
     "caffe.V1LayerParameter.DimCheckMode": {"STRICT": 0, "PERMISSIVE": 1},
-    "caffe.LossParameter.NormalizationMode": {"FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3},
+    "caffe.LossParameter.NormalizationMode": {
+        "FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3, "PRE_FIXED": 3003,  # R-FCN's: 3
+    },
     "caffe.FillerParameter.VarianceNorm": {"FAN_IN": 0, "FAN_OUT": 1, "AVERAGE": 2},
     "caffe.DataParameter.DB": {"LEVELDB": 0, "LMDB": 1},
     "caffe.EltwiseParameter.EltwiseOp": {"PROD": 0, "SUM": 1, "MAX": 2},
@@ -481,11 +489,13 @@ def test_bvlc_message_set():
         "SPPParameter", "V1LayerParameter", "V0LayerParameter", "PReLUParameter",
     }  # fmt: skip
     mycaffe = {"MemoryLossParameter", "RLParameter"}
-    assert set(caffe_pb2.DESCRIPTOR.message_types_by_name) == bvlc | mycaffe
+    assert bvlc | mycaffe <= set(caffe_pb2.DESCRIPTOR.message_types_by_name)
     assert set(caffe_pb2.DESCRIPTOR.enum_types_by_name) == {"Phase"}
     # Each LayerParameter parameter field holds a message of the matching name.
     layer = caffe_pb2.LayerParameter.DESCRIPTOR
     params = {f.name: f.message_type.name for f in layer.fields if f.name.endswith("_param")}
+    bvlc_params = {f.name for f in schema("bvlc", "LayerParameter").DESCRIPTOR.fields}
+    params = {n: m for n, m in params.items() if n in bvlc_params}
     # transform_param, loss_param, 47 type-specific ones (102..148) and memory_loss_param.
     assert len(params) == 50
     assert sorted(layer.fields_by_name[n].number for n in params)[2:-1] == list(range(102, 149))
@@ -586,7 +596,7 @@ def test_text_file_parses(path):
 
 
 def test_unknown_field_check_catches_fork_fields():
-    # A layer carrying SSD's annotated_data_param (200), which BVLC never defined.
-    layer = caffe_pb2.LayerParameter(name="data").SerializeToString() + b"\xc2\x0c\x00"
+    # A layer carrying field 9999, which no schema defines.
+    layer = caffe_pb2.LayerParameter(name="data").SerializeToString() + b"\xfa\xf0\x04\x00"
     net = caffe_pb2.NetParameter.FromString(b"\xa2\x06" + bytes([len(layer)]) + layer)
     assert _unknown_count(net) == 1

@@ -24,8 +24,8 @@ def _input(dims: list[int], extra: str = "") -> str:
         ([1] * 1000, "[1, 1, 1, 1, 1, 1, ... (1000 axes)] has 1000 axes, more than Caffe's 32"),
         ([2, -1], "[2, -1] has a negative dim (-1); every dim must be >= 0"),
         ([2, -(2**63)], "has a negative dim (-9223372036854775808)"),
-        ([2, 2**63 - 1], "[2, 9.22e+18] holds 1.84e+19 values, more than Caffe's limit of "
-         "2147483647 (INT_MAX)"),
+        ([2, 2**63 - 1], "[2, 9.22e+18] holds 1.84e+19 values, over Caffe's INT_MAX "
+         "(2147483647)"),
         ([10**9] * 30, "holds 1e+270 values"),
     ],
 )  # fmt: skip

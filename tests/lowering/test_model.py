@@ -109,7 +109,7 @@ def test_hdf5_output_writes_its_bottoms(tmp_path):
     net = caffe2jax.Net(text)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     net.forward(x=x, y=np.array([1, 0], np.float32))
-    net._sinks.close()
+    net.close()
     import h5py
 
     with h5py.File(out) as f:
@@ -130,25 +130,6 @@ def test_second_call_with_same_shapes_does_not_retrace():
     for _ in range(3):
         jitted(params, {"data": arrays["in__data"]}).block_until_ready()
     assert len(traces) == 1
-
-
-def test_unknown_type_names_layer_type_and_supported_list():
-    text = """layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 } } }
-              layer { name: "odd" type: "Frobnicate" bottom: "x" top: "y" }"""
-    with pytest.raises(NetError) as err:
-        caffe2jax.compile(text)
-    message = str(err.value)
-    assert "layer 'odd'" in message and "'Frobnicate'" in message and len(message) < 200
-    assert "layer_type_list()" in message and "Convolution" in registered_types()
-    with pytest.raises(NetError, match=r"'Convolutoin' \(did you mean 'Convolution'\?\)"):
-        caffe2jax.compile(text.replace("Frobnicate", "Convolutoin"))
-
-
-def test_wrong_bottom_count_is_refused():
-    text = """layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 } } }
-              layer { name: "c" type: "Crop" bottom: "x" top: "y" }"""
-    with pytest.raises(NetError, match=r"layer 'c' \(type Crop\): takes exactly 2 bottom"):
-        caffe2jax.compile(text)
 
 
 def test_incompatible_shapes_name_layer_blobs_and_shapes():
@@ -172,3 +153,21 @@ def test_float64_when_asked():
         assert blobs["prob"].dtype == np.float64
     finally:
         jax.config.update("jax_enable_x64", False)
+
+
+def test_the_engine_policy_is_passed_like_the_precision():
+    """``compile(policy=)`` / ``Model(policy=)`` fix a net's engines; ``reshape`` keeps them;
+    ``channels_last=`` overrides the policy's pass switch."""
+    from caffe2jax.lowering.engines.policy import EnginePolicy
+    from caffe2jax.lowering.model import Model
+
+    text = (GOLDEN / "nets" / "lenet_deploy.prototxt").read_text()
+    given = EnginePolicy(pool="xla", conv="xla")
+    model = caffe2jax.compile(text, policy=given)
+    assert model.policy is given and model.graph.policy is given
+    assert model.graph.engines["pool1"] == "xla"
+    assert model.reshape({"data": (2, 1, 28, 28)}).policy is given
+    off = Model(model.net, model.inputs, policy=given, channels_last=False)
+    assert off.policy == EnginePolicy(pool="xla", conv="xla", channels_last=False)
+    assert not off.graph.nhwc_layers and model.graph.nhwc_layers
+    assert caffe2jax.EnginePolicy is EnginePolicy

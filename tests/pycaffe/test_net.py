@@ -80,12 +80,21 @@ def test_forward_compiles_once_per_shape_and_reshape():
     net = caffe2jax.Net(str(LENET), caffe2jax.TRAIN)
     for _ in range(3):
         net.forward(data=arrays["in__data"], label=arrays["in__label"])
-    assert len(net._jitted) == 1
+    assert forward_programs(net) == 1 and len(net.model.family()) == 1
+    first = net.model
     net.blobs["data"].reshape(5, 1, 28, 28)
     net.blobs["label"].reshape(5)
     net.reshape()
     out = net.forward(data=np.zeros((5, 1, 28, 28), np.float32), label=np.zeros(5, np.float32))
     assert net.blobs["ip2"].data.shape == (5, 10) and np.isfinite(out["loss"])
+    assert len(net.model.family()) == 2 and forward_programs(net) == 1
+    net.forward(data=arrays["in__data"], label=arrays["in__label"])  # the first shape again
+    assert net.model is first and forward_programs(net) == 1
+
+
+def forward_programs(net) -> int:
+    """Compiled forwards kept with the current input shapes' model."""
+    return sum(1 for k in net.model.programs if k[0] == "forward")
 
 
 def test_params_are_writable_and_used():
@@ -212,7 +221,7 @@ def test_backward_uses_the_state_its_forward_ran_with():
     x1, x2 = (rng.standard_normal((3, 2, 4)).astype(np.float32) for _ in range(2))
     cont = np.ones((3, 2), np.float32)
     net.forward(x=x1, cont=cont)
-    params, carried = net._trees()  # the state the second forward starts from
+    params, carried = net.param_values()  # the state the second forward starts from
     net.forward(x=x2, cont=cont)
     dy = rng.standard_normal((3, 2, 5)).astype(np.float32)
     net.backward(h=dy)

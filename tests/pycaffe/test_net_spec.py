@@ -271,7 +271,7 @@ def test_crop_makes_a_crop_layer_at_the_offset():
 
 def test_crop_refuses_what_it_cannot_align():
     n = coord_net()
-    with pytest.raises(ValueError, match="scale mismatch"):
+    with pytest.raises(AssertionError, match="scale mismatch"):  # pycaffe asserts
         coord_map.crop(n.pool, n.data)
     other = L.Input(shape=dict(dim=[1, 1, 5, 5]))
     with pytest.raises(RuntimeError, match="Could not compute map"):

@@ -104,8 +104,11 @@ def test_bad_data_layers(tmp_path):
         make_source(layer(data_layer(db, 0)), "TRAIN")
     with pytest.raises(DataError, match="is an LMDB but the backend is LEVELDB"):
         make_source(layer(data_layer(db, 1).replace("backend: LMDB", "")), "TRAIN")
-    window = layer('name: "w" type: "WindowData" top: "data" top: "label"')
-    with pytest.raises(DataError, match="WindowData is not supported .*Data, ImageData, HDF5Data"):
+    window = layer(
+        'name: "w" type: "WindowData" top: "data" top: "label" '
+        "transform_param { crop_size: 4 } window_data_param { batch_size: 2 }"
+    )
+    with pytest.raises(DataError, match="window_data_param.source: no path given"):
         make_source(window, "TRAIN")
     with pytest.raises(DataError, match="HDF5Output is a sink"):
         make_source(layer('name: "o" type: "HDF5Output" bottom: "a" bottom: "b"'), "TRAIN")

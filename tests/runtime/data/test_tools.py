@@ -156,3 +156,22 @@ def test_cli_converts_with_caffe_style_flags_and_refuses_to_overwrite(tmp_path, 
     assert "already exists; pass --force" in capsys.readouterr().err
     assert run_cli(["compute_image_mean", str(tmp_path / "nope"), out, "--force"]) == 1
     assert "no such lmdb database" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, encoded, channels",
+    [(["--encoded"], True, 3), (["--gray", "-encoded=false"], False, 1),
+     (["--encoded=true", "-gray=false"], True, 3), (["--encoded=True", "--nogray"], True, 3),
+     (["--encoded=0", "-gray"], False, 1), (["-encoded", "--gray"], True, 3), ([], False, 3)],
+)  # fmt: skip
+def test_cli_boolean_flags_as_gflags_reads_them(tmp_path, run_cli, flags, encoded, channels):
+    """``--encoded ROOT LIST DB``: a bare flag is true and leaves ROOT a positional (Caffe's
+    gflags booleans); ``=true|false`` and ``--noflag`` set it explicitly. (With --encoded a
+    PNG is stored as its file, gray or not: Caffe's ReadImageToDatum compares the channels of
+    the image it read in the mode asked for with that mode, which always agree.)"""
+    root, listfile, _ = _images(tmp_path, count=2, broken=False)
+    db = str(tmp_path / "db")
+    assert run_cli(["convert_imageset", *flags, root, str(listfile), db]) == 0
+    datum = _records(db)[0][1]
+    assert datum.encoded == encoded
+    assert datum_to_array(datum).shape[0] == channels

@@ -79,9 +79,9 @@ class Transforms:
     def __init__(self, inner) -> None:
         self.inner, self.calls = inner, 0
 
-    def __call__(self, batch):
+    def __call__(self, *args):
         self.calls += 1
-        return self.inner(batch)
+        return self.inner(*args)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

@@ -1,5 +1,5 @@
-"""The oneDNN convolution path (CAFFE2JAX_CPU_CONV=onednn, lowering/engines/onednn.py) changes no
-result beyond float rounding.
+"""The oneDNN convolution path (lowering/engines/onednn.py; engine policy ``conv``,
+CAFFE2JAX_CPU_CONV) changes no result beyond float rounding.
 
 Every golden per-layer 2-D Convolution case runs with the path on and is checked against real
 Caffe (as tests/lowering/test_golden_layers.py does) and against the path off; the golden nets
@@ -13,8 +13,6 @@ missing library fails these tests; elsewhere (no such wheel) they skip.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import platform
 
 import jax
@@ -23,7 +21,8 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.pipeline import load_net
-from caffe2jax.lowering.engines import onednn
+from caffe2jax.lowering.engines import onednn, policy
+from caffe2jax.lowering.engines.policy import ConvShape, EnginePolicy, PolicyError
 from caffe2jax.lowering.model import Model
 from caffe2jax.runtime.formats.weights import load_weights
 from tests.golden import GOLDEN, load_npz, require
@@ -44,18 +43,16 @@ CONV_CASES = sorted(
 )
 
 
-@contextlib.contextmanager
-def path(on: bool):
-    """The env var is read when a convolution is traced: set it around the trace only."""
-    old = os.environ.get(onednn.ENV)
-    os.environ[onednn.ENV] = "onednn-all" if on else "xla"  # every conv, whatever its size
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(onednn.ENV)
-        else:
-            os.environ[onednn.ENV] = old
+def path(on: bool, **fields) -> EnginePolicy:
+    """The policy with the path on for every conv, whatever its size, or off."""
+    return EnginePolicy(conv="onednn-all" if on else "xla", **fields)
+
+
+def takes_onednn(engines: EnginePolicy, w_shape, macs: int) -> bool:
+    """Whether ``engines`` puts a 2-D float32 NCHW convolution with weights ``w_shape`` and
+    ``macs`` forward multiply-adds on oneDNN."""
+    conv = ConvShape((1, w_shape[1], 5, 5), w_shape, (0, 0), 1, macs, np.float32, False)
+    return engines.conv_form(conv) == "onednn"
 
 
 def calls_onednn(fn, *args) -> bool:
@@ -70,26 +67,27 @@ def test_library_loads():
 def test_golden_convolution_case(case):
     """Caffe's forward, bottom diff and weight/bias diffs, with oneDNN; and equal to XLA's."""
     arrays, meta = load_npz(LAYERS / f"{case}.npz")
-    model = caffe2jax.compile(str(arrays["prototxt"]), phase=meta["phase"])
-    params, state = model.init(0)
+    models = {on: caffe2jax.compile(str(arrays["prototxt"]), phase=meta["phase"], policy=path(on))
+              for on in (True, False)}  # fmt: skip
+    params, state = models[True].init(0)
     for i in range(len(meta["params"])):
         params["layer"][i] = np.asarray(arrays[f"param__{i}"])
-    inputs = {n: arrays[f"in__{n}"] for n in model.inputs}
+    inputs = {n: arrays[f"in__{n}"] for n in models[True].inputs}
     tops = [t["name"] for t in meta["tops"]]
     cotangents = [np.asarray(arrays[f"topdiff__{t}"], np.float32) for t in tops]
 
     results = {}
-    for on in (True, False):
+    for on, model in models.items():
 
-        def forward(params, inputs):  # a new function each time: traces are cached per function
+        def forward(params, inputs, model=model):
             blobs, _ = model.apply(params, state, inputs, jax.random.key(0))
             return [blobs[t] for t in tops]
 
-        with path(on):
-            two_d = len(next(iter(inputs.values())).shape) == 4
-            assert calls_onednn(forward, params, inputs) == (on and two_d), case
-            outs, vjp = jax.vjp(forward, params, inputs)
-            results[on] = outs, *vjp(cotangents)
+        two_d = len(next(iter(inputs.values())).shape) == 4
+        assert calls_onednn(forward, params, inputs) == (on and two_d), case
+        assert (model.graph.engines["layer"] == "onednn") == (on and two_d), case
+        outs, vjp = jax.vjp(forward, params, inputs)
+        results[on] = outs, *vjp(cotangents)
     outs, grad_params, grad_inputs = results[True]
     for top, out in zip(tops, outs):
         assert rel_err(out, arrays[f"out__{top}"]) <= 1e-5, f"forward top '{top}'"
@@ -113,19 +111,19 @@ def test_golden_net_same_with_onednn(case, channels_last):
     batch = 4
     shapes = None if phase == "TEST" else {"data": (batch, *_data_shape(case)), "label": (batch,)}
     source = Model(net, shapes)
-    model = Model(source.net, source.inputs, channels_last=channels_last)
-    params, state = load_weights(NETS / f"{case}.caffemodel", model)
-    inputs = golden_inputs(model)
+    models = {on: Model(source.net, source.inputs, policy=path(on, channels_last=channels_last))
+              for on in (True, False)}  # fmt: skip
+    params, state = load_weights(NETS / f"{case}.caffemodel", models[True])
+    inputs = golden_inputs(models[True])
     key = jax.random.key(3)
     results = {}
-    for on in (True, False):
+    for on, model in models.items():
 
-        def loss(p):  # a new function each time: traces are cached per function
+        def loss(p, model=model):
             return model.loss(p, state, inputs, key)
 
-        with path(on):
-            assert calls_onednn(loss, params) == on
-            results[on] = jax.value_and_grad(loss, has_aux=True)(params)
+        assert calls_onednn(loss, params) == on
+        results[on] = jax.value_and_grad(loss, has_aux=True)(params)
     (loss_on, (blobs_on, _)), g_on = results[True]
     (loss_off, (blobs_off, _)), g_off = results[False]
     close(loss_on, loss_off, "loss")
@@ -160,12 +158,10 @@ def test_jitted_train_step_uses_onednn_backward():
 
 def test_missing_library_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: "no libdnnl here")
-    monkeypatch.setenv(onednn.ENV, "onednn")
-    onednn._warn_once.cache_clear()
-    x = np.ones((1, 5, 5, 2), np.float32)
-    w = np.ones((3, 2, 3, 3), np.float32)
+    monkeypatch.setenv(policy.CONV_ENV, "onednn")
+    policy._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="no libdnnl here; convolving with XLA instead"):
-        assert not onednn.usable(x, w, 10**9)
+        assert not takes_onednn(EnginePolicy.from_env(), (3, 2, 3, 3), 10**9)
 
 
 def test_a_failed_call_gives_nan_not_a_wrong_number(monkeypatch, capfd):
@@ -187,13 +183,17 @@ def test_a_failed_call_gives_nan_not_a_wrong_number(monkeypatch, capfd):
 
 def test_size_rule_keeps_small_and_single_channel_convolutions_on_xla(monkeypatch):
     """``onednn`` takes only the convolutions it measured ahead on; ``onednn-all`` takes all."""
-    x = np.ones((1, 5, 5, 2), np.float32)
-    monkeypatch.setenv(onednn.ENV, "onednn")
-    assert onednn.usable(x, np.ones((3, 2, 3, 3), np.float32), onednn.MIN_MACS)
-    assert not onednn.usable(x, np.ones((3, 2, 3, 3), np.float32), onednn.MIN_MACS - 1)
-    assert not onednn.usable(x, np.ones((3, 1, 3, 3), np.float32), 10**9)  # 1 channel/group
-    monkeypatch.setenv(onednn.ENV, "onednn-all")
-    assert onednn.usable(x, np.ones((3, 1, 3, 3), np.float32), 1)
+    monkeypatch.setenv(policy.CONV_ENV, "onednn")
+    engines = EnginePolicy.from_env()
+    min_macs = engines.onednn_min_macs
+    assert min_macs == 16_000_000
+    assert takes_onednn(engines, (3, 2, 3, 3), min_macs)
+    assert not takes_onednn(engines, (3, 2, 3, 3), min_macs - 1)
+    assert not takes_onednn(engines, (3, 1, 3, 3), 10**9)  # 1 channel/group
+    monkeypatch.setenv(policy.CONV_ENV, "onednn-all")
+    assert takes_onednn(EnginePolicy.from_env(), (3, 1, 3, 3), 1)
+    # the size rule is a field of the policy: a smaller one takes smaller convolutions
+    assert takes_onednn(EnginePolicy(conv="onednn", onednn_min_macs=10), (3, 2, 3, 3), 10)
 
 
 def test_net_under_the_size_rule_routes_by_size(monkeypatch):
@@ -202,7 +202,7 @@ def test_net_under_the_size_rule_routes_by_size(monkeypatch):
     from caffe2jax.lowering.model import compile as compile_net
     from tests.golden import MODELS, require
 
-    monkeypatch.setenv(onednn.ENV, "onednn")
+    monkeypatch.setenv(policy.CONV_ENV, "onednn")  # read when each net is compiled
     quick = require(MODELS / "examples/cifar10/cifar10_quick.prototxt")
     for batch, expected in ((100, 3), (1, 0)):
         model = compile_net(quick, "TEST", input_shapes={"data": (batch, 3, 32, 32)})
@@ -219,28 +219,29 @@ def test_default_is_the_size_rule_on_one_device_and_silent_without_the_library(m
     whole batch for the foreign call); ``xla`` turns it off; a typo is refused by name."""
     import warnings
 
-    x = np.ones((1, 5, 5, 2), np.float32)
-    w = np.ones((3, 2, 3, 3), np.float32)
-    monkeypatch.delenv(onednn.ENV, raising=False)
-    assert onednn.mode() == "auto"
-    assert onednn.usable(x, w, onednn.MIN_MACS)
-    assert not onednn.usable(x, w, onednn.MIN_MACS - 1)
+    w = (3, 2, 3, 3)
+    monkeypatch.delenv(policy.CONV_ENV, raising=False)
+    engines = EnginePolicy.from_env()
+    assert engines.conv == "auto" and engines == EnginePolicy()
+    min_macs = engines.onednn_min_macs
+    assert takes_onednn(engines, w, min_macs)
+    assert not takes_onednn(engines, w, min_macs - 1)
     monkeypatch.setattr(jax, "device_count", lambda *a: 4)
-    assert not onednn.usable(x, w, onednn.MIN_MACS)
-    monkeypatch.setenv(onednn.ENV, "onednn")  # asked for by name: used on every device count
-    assert onednn.usable(x, w, onednn.MIN_MACS)
+    assert not takes_onednn(engines, w, min_macs)
+    monkeypatch.setenv(policy.CONV_ENV, "onednn")  # asked for by name: used on every device count
+    assert takes_onednn(EnginePolicy.from_env(), w, min_macs)
     monkeypatch.undo()
-    monkeypatch.setenv(onednn.ENV, "xla")
-    assert not onednn.usable(x, w, 10**9)
-    monkeypatch.delenv(onednn.ENV)
+    monkeypatch.setenv(policy.CONV_ENV, "xla")
+    assert not takes_onednn(EnginePolicy.from_env(), w, 10**9)
+    monkeypatch.delenv(policy.CONV_ENV)
     monkeypatch.setattr(onednn, "available", lambda: "no libdnnl here")
-    onednn._warn_once.cache_clear()
+    policy._warn_once.cache_clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not onednn.usable(x, w, 10**9)
-    monkeypatch.setenv(onednn.ENV, "onedn")
-    with pytest.raises(ValueError, match="CAFFE2JAX_CPU_CONV='onedn': use one of auto, onednn"):
-        onednn.mode()
+        assert not takes_onednn(EnginePolicy.from_env(), w, 10**9)
+    monkeypatch.setenv(policy.CONV_ENV, "onedn")
+    with pytest.raises(PolicyError, match="CAFFE2JAX_CPU_CONV='onedn': use one of auto, onednn"):
+        EnginePolicy.from_env()
 
 
 def test_the_installed_package_has_the_library():
@@ -260,7 +261,7 @@ layer { name: "c" type: "Convolution" bottom: "x" top: "y"
         convolution_param { num_output: 4 kernel_size: 3 } }
 """
     for setting in ("onednn-all", "xla"):
-        monkeypatch.setenv(onednn.ENV, setting)
+        monkeypatch.setenv(policy.CONV_ENV, setting)  # read when the net is compiled
         model = caffe2jax.compile(text)
         params, state = model.init(0)
         params["c"] = [w, np.zeros(4, np.float32)]

@@ -1,235 +1,23 @@
-"""Common and loss layers beyond the golden cases: BatchNorm's running statistics, every loss
-normalisation, Caffe's backward where it is not the true derivative, tie rules, label checks
-and compile-time errors naming blobs and shapes."""
+"""Loss layers (lowering/loss.py) beyond the golden cases: every loss normalisation, Caffe's
+backward where it is not the true derivative, label checks, Accuracy's ties and compile-time
+errors naming blobs and shapes."""
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.registry import lookup
-from tests.lowering.nets import one_layer
+from tests.lowering.nets import apply, grads, loss_layer, one_layer, softmax_np
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def run(model, inputs, params=None, state=None):
-    """Forward: (blobs, new state)."""
-    p0, s0 = model.init(0)
-    inputs = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    return model.apply(p0 if params is None else params, s0 if state is None else state, inputs)
-
-
-def grads(model, inputs, top, cotangent=1.0, params=None):
-    """(top value, d(cotangent·top)/d inputs) — the diffs Caffe leaves in the bottoms."""
-    p0, s0 = model.init(0)
-    params = p0 if params is None else params
-
-    def f(x):
-        return model.apply(params, s0, x)[0][top]
-
-    value, vjp = jax.vjp(f, {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()})
-    return np.asarray(value), {
-        k: np.asarray(v) for k, v in vjp(jnp.asarray(cotangent, value.dtype))[0].items()
-    }
-
-
-def loss_layer(type_name: str, params: str, inputs: dict, tops=("loss",)):
-    bottoms = "".join(f'  bottom: "{n}"\n' for n in inputs)
-    top_lines = "".join(f'  top: "{t}"\n' for t in tops)
-    body = f'  type: "{type_name}"\n{bottoms}{top_lines}  {params}'
-    return one_layer(body, {k: np.shape(v) for k, v in inputs.items()})
-
-
-def softmax_np(x, axis=1):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
 
 RNG = np.random.default_rng(7)
 SCORES = RNG.normal(size=(4, 3, 2)).astype(np.float32)  # (outer, classes, inner)
 LABELS = np.array([[0, 2], [1, -1], [-1, -1], [2, 0]], np.float32)  # -1: ignored
-
-
-# -- BatchNorm ----------------------------------------------------------------------------
-
-
-def test_batchnorm_running_stats_over_three_train_steps():
-    maf, eps = 0.9, 1e-5
-    body = (
-        '  type: "BatchNorm"\n  bottom: "x"\n  top: "y"\n'
-        f"  batch_norm_param {{ moving_average_fraction: {maf} eps: {eps} }}"
-    )
-    model = one_layer(body, {"x": (3, 2, 2, 2)}, phase="TRAIN")
-    _, state = model.init(0)
-    b0, b1, b2 = np.zeros(2), np.zeros(2), np.zeros(1)
-    for step in range(3):
-        x = RNG.normal(loc=step, scale=1 + step, size=(3, 2, 2, 2)).astype(np.float32)
-        blobs, state = run(model, {"x": x}, state=state)
-        mean = x.mean(axis=(0, 2, 3), dtype=np.float64)
-        var = x.var(axis=(0, 2, 3), dtype=np.float64)  # biased: what TRAIN normalises with
-        want = (x - mean[None, :, None, None]) / np.sqrt(var + eps)[None, :, None, None]
-        np.testing.assert_allclose(blobs["y"], want, rtol=1e-4, atol=1e-5)
-        m = x.size // 2
-        b0, b1, b2 = maf * b0 + mean, maf * b1 + m / (m - 1) * var, maf * b2 + 1
-        for ours, theirs in zip(state["layer"], (b0, b1, b2)):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-5)
-    # TEST with those blobs: normalise by blob / factor, blobs unchanged.
-    test = one_layer(body, {"x": (3, 2, 2, 2)}, phase="TEST")
-    x = RNG.normal(size=(3, 2, 2, 2)).astype(np.float32)
-    blobs, after = run(test, {"x": x}, state=state)
-    mu, var = b0 / b2, b1 / b2
-    want = (x - mu[None, :, None, None]) / np.sqrt(var + eps)[None, :, None, None]
-    np.testing.assert_allclose(blobs["y"], want, rtol=1e-4, atol=1e-5)
-    for ours, theirs in zip(after["layer"], state["layer"]):
-        np.testing.assert_array_equal(ours, theirs)
-
-
-def test_batchnorm_global_stats_with_zero_factor_uses_zero_mean_and_var():
-    body = '  type: "BatchNorm"\n  bottom: "x"\n  top: "y"\n  batch_norm_param { eps: 0.25 }'
-    model = one_layer(body, {"x": (2, 3)})
-    _, state = model.init(0)
-    state["layer"] = [jnp.full((3,), 5.0), jnp.full((3,), 7.0), jnp.zeros((1,))]
-    x = RNG.normal(size=(2, 3)).astype(np.float32)
-    blobs, _ = run(model, {"x": x}, state=state)
-    np.testing.assert_allclose(blobs["y"], x / np.sqrt(0.25), rtol=1e-6)
-
-
-def test_batchnorm_declares_three_state_blobs():
-    model = one_layer('  type: "BatchNorm"\n  bottom: "x"\n  top: "y"', {"x": (2, 4, 3)})
-    decls = model.graph.decls["layer"]
-    assert [d.shape for d in decls] == [(4,), (4,), (1,)]
-    assert all(d.state for d in decls)
-    params, state = model.init(0)
-    assert "layer" not in params and all(float(jnp.abs(b).sum()) == 0 for b in state["layer"])
-
-
-# -- MVN ----------------------------------------------------------------------------------
-
-
-def caffe_mvn_backward(x, dy, eps):
-    """MVNLayer::Backward_cpu with normalize_variance, rows already flattened."""
-    c = x - x.mean(axis=1, keepdims=True)
-    denom = np.sqrt((c * c).mean(axis=1, keepdims=True)) + eps
-    y = c / denom
-    return (dy - dy.mean(axis=1, keepdims=True) - y * (dy * y).mean(axis=1, keepdims=True)) / denom
-
-
-def test_mvn_backward_is_caffes_not_the_true_derivative():
-    x = RNG.normal(size=(2, 3, 2, 2)).astype(np.float64)
-    x[0, 1] = 0.5  # a constant row: the true derivative is infinite there, Caffe's is finite
-    dy = RNG.normal(size=x.shape)
-    body = '  type: "MVN"\n  bottom: "x"\n  top: "y"\n  mvn_param { eps: 0.5 }'
-    _, g = grads(one_layer(body, {"x": x.shape}), {"x": x}, "y", dy)
-    want = caffe_mvn_backward(x.reshape(6, 4), dy.reshape(6, 4), 0.5).reshape(x.shape)
-    assert np.all(np.isfinite(g["x"]))
-    np.testing.assert_allclose(g["x"], want, rtol=1e-5, atol=1e-6)
-
-
-# -- Eltwise, ArgMax, Reduction -----------------------------------------------------------
-
-
-def test_eltwise_max_routes_ties_like_caffes_mask():
-    a = np.array([1.0, 2.0, 0.0, 3.0], np.float32)
-    b = np.array([1.0, 1.0, 4.0, 3.0], np.float32)
-    c = np.array([0.0, 2.0, 4.0, 3.0], np.float32)
-    body = '  type: "Eltwise"\n  bottom: "a"\n  bottom: "b"\n  bottom: "c"\n  top: "y"\n'
-    body += "  eltwise_param { operation: MAX }"
-    model = one_layer(body, {"a": (4,), "b": (4,), "c": (4,)})
-    y, g = grads(model, {"a": a, "b": b, "c": c}, "y", np.ones(4))
-    np.testing.assert_array_equal(y, [1, 2, 4, 3])
-    # a == b goes to b; a later bottom only wins when strictly larger.
-    np.testing.assert_array_equal(g["a"], [0, 1, 0, 0])
-    np.testing.assert_array_equal(g["b"], [1, 0, 1, 1])
-    np.testing.assert_array_equal(g["c"], [0, 0, 0, 0])
-
-
-def test_eltwise_coefficients_only_for_sum():
-    body = '  type: "Eltwise"\n  bottom: "a"\n  bottom: "b"\n  top: "y"\n'
-    with pytest.raises(NetError, match="only takes coefficients for summation"):
-        one_layer(
-            body + "  eltwise_param { operation: PROD coeff: 1 coeff: 2 }", {"a": (2,), "b": (2,)}
-        )
-    with pytest.raises(NetError, match="one coefficient per bottom"):
-        one_layer(body + "  eltwise_param { coeff: 1 }", {"a": (2,), "b": (2,)})
-
-
-def test_eltwise_shape_mismatch_names_blobs():
-    body = '  type: "Eltwise"\n  bottom: "a"\n  bottom: "b"\n  top: "y"'
-    with pytest.raises(NetError, match=r"'b' \[2, 4\].*'a' \[2, 3\]"):
-        one_layer(body, {"a": (2, 3), "b": (2, 4)})
-
-
-def test_argmax_ties_go_to_the_larger_index():
-    x = np.array([[1.0, 3.0, 3.0, 0.0, 3.0]], np.float32)
-    body = (
-        '  type: "ArgMax"\n  bottom: "x"\n  top: "y"\n  argmax_param { top_k: 2 out_max_val: true }'
-    )
-    blobs, _ = run(one_layer(body, {"x": x.shape}), {"x": x})
-    np.testing.assert_array_equal(blobs["y"], [[[4, 2], [3, 3]]])
-
-
-def test_argmax_without_axis_pads_to_caffes_shape():
-    body = '  type: "ArgMax"\n  bottom: "x"\n  top: "y"\n  argmax_param { top_k: 3 }'
-    model = one_layer(body, {"x": (2, 3, 4, 5)})
-    assert model.net.shapes[model.net.blob_names["y"]] == (2, 1, 3, 1)
-    with pytest.raises(NetError, match="top_k 7"):
-        one_layer(body.replace("3", "7"), {"x": (2, 6)})
-
-
-def test_reduction_asum_gradient_is_zero_at_zero():
-    x = np.array([[-2.0, 0.0, 3.0]], np.float32)
-    body = '  type: "Reduction"\n  bottom: "x"\n  top: "y"\n'
-    body += "  reduction_param { operation: ASUM axis: 1 coeff: 2 }"
-    y, g = grads(one_layer(body, {"x": x.shape}), {"x": x}, "y", np.ones(1))
-    np.testing.assert_allclose(y, [10.0])
-    np.testing.assert_array_equal(g["x"], [[-2.0, 0.0, 2.0]])
-
-
-# -- Scale, Bias, InnerProduct, Embed -----------------------------------------------------
-
-
-def test_scale_defaults_to_unit_filler_and_bias_to_zero():
-    body = '  type: "Scale"\n  bottom: "x"\n  top: "y"\n  scale_param { bias_term: true }'
-    params, _ = one_layer(body, {"x": (2, 3, 4)}).init(0)
-    np.testing.assert_array_equal(params["layer"][0], np.ones(3))
-    np.testing.assert_array_equal(params["layer"][1], np.zeros(3))
-
-
-def test_scale_bottom_shape_mismatch_names_blobs():
-    body = '  type: "Scale"\n  bottom: "x"\n  bottom: "s"\n  top: "y"'
-    with pytest.raises(NetError, match=r"bottom 's' \[4\].*'x' \[2, 3, 4\]"):
-        one_layer(body, {"x": (2, 3, 4), "s": (4,)})
-
-
-def test_bias_learned_blob_past_the_bottom_is_refused():
-    body = '  type: "Bias"\n  bottom: "x"\n  top: "y"\n  bias_param { axis: 1 num_axes: 3 }'
-    with pytest.raises(NetError, match="extends past"):
-        one_layer(body, {"x": (2, 3)})
-
-
-def test_inner_product_blob_shapes():
-    body = '  type: "InnerProduct"\n  bottom: "x"\n  top: "y"\n'
-    model = one_layer(body + "  inner_product_param { num_output: 5 }", {"x": (2, 3, 4)})
-    assert [d.shape for d in model.graph.decls["layer"]] == [(5, 12), (5,)]
-    model = one_layer(
-        body + "  inner_product_param { num_output: 5 axis: 2 transpose: true bias_term: false }",
-        {"x": (2, 3, 4)},
-    )
-    assert [d.shape for d in model.graph.decls["layer"]] == [(4, 5)]
-    assert model.net.shapes[model.net.blob_names["y"]] == (2, 3, 5)
-
-
-def test_embed_out_of_range_index_gives_nan_rows():
-    body = (
-        '  type: "Embed"\n  bottom: "i"\n  top: "y"\n  embed_param { num_output: 2 input_dim: 3 }'
-    )
-    blobs, _ = run(one_layer(body, {"i": (4,)}), {"i": np.array([0, 2, 3, -1])})
-    assert np.all(np.isfinite(blobs["y"][:2])) and np.all(np.isnan(blobs["y"][2:]))
 
 
 # -- SoftmaxWithLoss and its normalisations -----------------------------------------------
@@ -295,7 +83,7 @@ def test_softmax_loss_clamps_at_flt_min_but_keeps_caffes_gradient():
 def test_softmax_loss_second_top_is_prob_without_gradient():
     labels = np.zeros((4, 2), np.float32)
     model = loss_layer("SoftmaxWithLoss", "", {"s": SCORES, "l": labels}, tops=("loss", "prob"))
-    blobs, _ = run(model, {"s": SCORES, "l": labels})
+    blobs, _ = apply(model, {"s": SCORES, "l": labels})
     np.testing.assert_allclose(blobs["prob"], softmax_np(SCORES), rtol=1e-6)
     _, g = grads(model, {"s": SCORES, "l": labels}, "prob", np.ones_like(SCORES))
     np.testing.assert_array_equal(g["s"], 0)  # Caffe's backward reads only the loss diff
@@ -314,7 +102,7 @@ def test_loss_first_dimension_mismatch_names_blobs():
 def test_out_of_range_label_makes_the_loss_nan():
     labels = np.array([[0, 3], [1, 1], [0, 0], [2, 2]], np.float32)  # 3 is not a class
     model = loss_layer("SoftmaxWithLoss", "", {"s": SCORES, "l": labels})
-    blobs, _ = run(model, {"s": SCORES, "l": labels})
+    blobs, _ = apply(model, {"s": SCORES, "l": labels})
     assert np.isnan(blobs["loss"])
 
 
@@ -478,20 +266,20 @@ def test_accuracy_ties_count_against_and_per_class():
     lab = np.array([0, 1, 1, 2, 4], np.float32)
     body = '  type: "Accuracy"\n  bottom: "s"\n  bottom: "l"\n  top: "acc"\n  top: "per"\n'
     model = one_layer(body + "  accuracy_param { ignore_label: 4 }", {"s": (5, 3), "l": (5,)})
-    blobs, _ = run(model, {"s": s, "l": lab})
+    blobs, _ = apply(model, {"s": s, "l": lab})
     # row 0 ties with class 1 (counted as wrong), rows 1 and 3 right, row 2 wrong, row 4 ignored
     np.testing.assert_allclose(blobs["acc"], 0.5)
     np.testing.assert_allclose(blobs["per"], [0.0, 0.5, 1.0])
     # top 2: row 0's tie now fits, row 2 (true class third) still misses
     top2 = body.replace('  top: "per"\n', "") + "  accuracy_param { top_k: 2 }"
-    blobs, _ = run(one_layer(top2, {"s": (4, 3), "l": (4,)}), {"s": s[:4], "l": lab[:4]})
+    blobs, _ = apply(one_layer(top2, {"s": (4, 3), "l": (4,)}), {"s": s[:4], "l": lab[:4]})
     np.testing.assert_allclose(blobs["acc"], 0.75)
 
 
 def test_accuracy_out_of_range_label_is_nan_and_top_k_checked():
     body = '  type: "Accuracy"\n  bottom: "s"\n  bottom: "l"\n  top: "acc"'
     model = one_layer(body, {"s": (2, 3), "l": (2,)})
-    blobs, _ = run(model, {"s": np.zeros((2, 3)), "l": np.array([0, 3])})
+    blobs, _ = apply(model, {"s": np.zeros((2, 3)), "l": np.array([0, 3])})
     assert np.isnan(blobs["acc"])
     with pytest.raises(NetError, match="top_k 4"):
         one_layer(body + "\n  accuracy_param { top_k: 4 }", {"s": (2, 3), "l": (2,)})

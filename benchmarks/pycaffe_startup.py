@@ -1,0 +1,171 @@
+"""Start-up of pycaffe scripts and of ``caffe2jax time`` (issue 23 item 5), each in fresh
+processes, side by side with OpenCV's dnn module.
+
+* GoogLeNet deploy (batch 10): a pycaffe script ``caffe.Net(deploy, weights, caffe.TEST)`` +
+  one ``forward()``, from process launch to its first output; first run on an empty
+  compilation cache, second run on the cache the first left; against OpenCV's
+  ``readNetFromCaffe`` + ``forward`` in one run. The weights are a .caffemodel our fillers
+  wrote (both load the same file).
+* ``caffe2jax time`` on ResNet-152 (batch 1, 224², built here with NetSpec): from launch to
+  its first per-layer line, first and second run (``--full``: also to the last one).
+
+Prints a markdown table. Timings on a shared machine are noisy: label them so.
+
+    python benchmarks/pycaffe_startup.py [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOGLENET = ROOT.parent / "shared/caffe/models/models/bvlc_googlenet/deploy.prototxt"
+
+PYCAFFE = """
+import time, sys
+start = float(sys.argv[3])
+import numpy as np
+import caffe2jax as caffe
+net = caffe.Net(sys.argv[1], sys.argv[2], caffe.TEST)
+net.blobs["data"].data[...] = np.random.default_rng(0).normal(size=net.blobs["data"].shape)
+prob = net.forward()["prob"]
+print(f"{time.time() - start:.3f} {prob.shape} {prob[0].argmax()}", flush=True)
+"""
+
+OPENCV = """
+import time, sys
+start = float(sys.argv[3])
+import numpy as np
+import cv2
+net = cv2.dnn.readNetFromCaffe(sys.argv[1], sys.argv[2])
+net.setInput(np.random.default_rng(0).normal(size=(10, 3, 224, 224)).astype(np.float32))
+prob = net.forward()
+print(f"{time.time() - start:.3f} {prob.shape} {prob[0].argmax()}", flush=True)
+"""
+
+
+def resnet152(path: Path) -> None:
+    """ResNet-152 (He et al. 2016; the published deploy net's layers) as a prototxt."""
+    import caffe2jax as caffe
+    from caffe2jax import layers as L
+    from caffe2jax import params as P
+
+    n = caffe.NetSpec()
+    n.data = L.Input(shape=dict(dim=[1, 3, 224, 224]))
+
+    def conv_bn(bottom, name, out, k, stride=1, pad=0, relu=True):
+        c = L.Convolution(bottom, num_output=out, kernel_size=k, stride=stride, pad=pad,
+                          bias_term=False, weight_filler=dict(type="msra"))  # fmt: skip
+        setattr(n, name, c)
+        setattr(n, "bn_" + name, L.BatchNorm(c, in_place=True))
+        setattr(n, "scale_" + name, L.Scale(c, bias_term=True, in_place=True))
+        if relu:
+            setattr(n, name + "_relu", L.ReLU(c, in_place=True))
+        return c
+
+    top = conv_bn(n.data, "conv1", 64, 7, 2, 3)
+    n.pool1 = top = L.Pooling(top, pool=P.Pooling.MAX, kernel_size=3, stride=2)
+    for stage, (blocks, width) in enumerate([(3, 64), (8, 128), (36, 256), (3, 512)], start=2):
+        for b in range(blocks):
+            name = f"res{stage}{chr(97 + b) if blocks <= 3 else ('a' if b == 0 else f'b{b}')}"
+            stride = 2 if b == 0 and stage > 2 else 1
+            short = conv_bn(top, name + "_branch1", 4 * width, 1, stride, relu=False) if b == 0 \
+                else top  # fmt: skip
+            x = conv_bn(top, name + "_branch2a", width, 1, stride)
+            x = conv_bn(x, name + "_branch2b", width, 3, 1, 1)
+            x = conv_bn(x, name + "_branch2c", 4 * width, 1, relu=False)
+            setattr(n, name, L.Eltwise(short, x))
+            top = getattr(n, name)
+            setattr(n, name + "_relu", L.ReLU(top, in_place=True))
+    n.pool5 = L.Pooling(top, pool=P.Pooling.AVE, kernel_size=7, stride=1)
+    n.fc1000 = L.InnerProduct(n.pool5, num_output=1000)
+    n.prob = L.Softmax(n.fc1000)
+    path.write_text('name: "ResNet-152"\n' + str(n.to_proto()))
+
+
+def launch_to_output(code: str, args: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """Seconds from launching ``python -c code args`` to its first printed line."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(code)
+    start = time.time()
+    done = subprocess.run([sys.executable, f.name, *args, repr(start)], capture_output=True,
+                          text=True, env=env, timeout=1800)  # fmt: skip
+    os.unlink(f.name)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    seconds, rest = done.stdout.split(" ", 1)
+    return float(seconds), rest.strip()
+
+
+def time_lines(model: Path, env: dict[str, str], full: bool) -> tuple[float, float | None]:
+    """``caffe2jax time``: seconds from launch to the first per-layer line (and, with
+    ``full``, to the last, "Average Forward pass"); the process is stopped then."""
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "caffe2jax", "time", "--model", str(model),
+                             "--iterations", "1"], stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)  # fmt: skip
+    first = last = None
+    for line in proc.stderr:
+        if first is None and "\tforward: " in line:
+            first = time.time() - start
+            if not full:
+                break
+        if "Average Forward pass" in line:
+            last = time.time() - start
+            break
+    proc.kill()
+    proc.wait()
+    if first is None:
+        raise RuntimeError("caffe2jax time printed no per-layer line")
+    return first, last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--full", action="store_true", help="also time to the last layer line")
+    args = parser.parse_args()
+    import caffe2jax
+
+    work = Path(tempfile.mkdtemp(prefix="c2j-startup-"))
+    weights = work / "googlenet.caffemodel"
+    caffe2jax.Net(str(GOOGLENET), caffe2jax.TEST, seed=0).save(str(weights))
+    resnet = work / "resnet152.prototxt"
+    resnet152(resnet)
+    env = {**os.environ, "CAFFE2JAX_CACHE_DIR": str(work / "cache")}
+    env.pop("CAFFE2JAX_NO_COMPILE_CACHE", None)
+    files = [str(GOOGLENET), str(weights)]
+    first, what = launch_to_output(PYCAFFE, files, env)
+    second, _ = launch_to_output(PYCAFFE, files, env)
+    opencv, peer = launch_to_output(OPENCV, files, env)
+    t_first = time_lines(resnet, env, args.full)
+    t_second = time_lines(resnet, env, args.full)
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores; python "
+          f"{sys.version.split()[0]}; shared machine, noisy")  # fmt: skip
+    print(f"pycaffe output {what}; OpenCV output {peer}")
+    print("| case | caffe2jax | OpenCV dnn | ratio |")
+    print("|---|---|---|---|")
+    print(
+        f"| GoogLeNet deploy b10: script launch → first output, first run (empty cache) | "
+        f"{first:.2f} s | {opencv:.2f} s | {first / opencv:.1f}× |"
+    )
+    print(
+        f"| GoogLeNet deploy b10: script launch → first output, second run (cache) | "
+        f"{second:.2f} s | {opencv:.2f} s | {second / opencv:.1f}× |"
+    )
+    for label, (a, b) in (("first run", t_first), ("second run", t_second)):
+        last = f"; last layer line {b:.1f} s" if b is not None else ""
+        print(
+            f"| `caffe2jax time` ResNet-152 b1, launch → first per-layer line, {label} | "
+            f"{a:.1f} s{last} | — | — |"
+        )
+
+
+if __name__ == "__main__":
+    main()

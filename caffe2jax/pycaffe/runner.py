@@ -1,0 +1,192 @@
+"""Caffe's Net::ForwardFromTo and Net::BackwardFromTo for a pycaffe net, over its blobs.
+
+Caffe's reshape model: before each layer runs, its tops take the shapes its bottoms give. So
+the shapes of a forward flow from its inputs (what a script wrote into ``net.blobs``, a data
+layer's batch, a Python data layer's tops), over the layers the call runs and no others; a
+layer after ``end`` is neither reshaped nor checked. Here each input shape signature has its
+model (:meth:`caffe2jax.lowering.model.Model.reshape`, built once and kept), whose shapes
+stop at ``end`` when a later layer cannot take them, and each model its compiled programs
+(:mod:`caffe2jax.pycaffe.programs`).
+
+A forward returns only what the call and the script read: the blobs asked for and the
+outputs. Every other blob written by the forward is computed when first read, by running the
+same forward again (same params, state, inputs and rng: the same values); once a script reads
+such blobs, later forwards return every blob (no second run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering import ranges
+from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.python_class import settle
+from caffe2jax.pycaffe import programs
+
+if TYPE_CHECKING:
+    from caffe2jax.pycaffe.net import Net
+
+
+@dataclass
+class Forward:
+    """What one forward ran with: enough to run it again (a blob read later) and for the
+    backward that follows it."""
+
+    model: Model
+    lo: int
+    hi: int
+    params: Any
+    state: Any
+    rng: jax.Array
+    env: dict[str, Any]
+    every: dict[str, Any] | None = None  # every blob version, once computed
+
+
+def version_shape(model: Model, version: str) -> tuple[int, ...]:
+    """The shape of a blob version under ``model`` (a split top has its bottom's)."""
+    shapes = model.net.shapes
+    return tuple(shapes.get(version) or shapes[version.split("#split", 1)[0]])
+
+
+class Runner:
+    """Runs ranges of a pycaffe :class:`~caffe2jax.pycaffe.net.Net` and shows the results."""
+
+    def __init__(self, net: Net):
+        self.net = net
+        self.last: Forward | None = None
+        self.wide = False  # a script read a blob a forward did not return
+        self._whole_fails: set = set()  # input shapes the whole net cannot take
+
+    # -- the model for the current inputs ---------------------------------------------------
+
+    def member(self, hi: int) -> Model:
+        """The model for the input blobs' current shapes that reaches layer ``hi``: the whole
+        net's when every layer takes them, else one whose shapes stop after ``hi``."""
+        net = self.net
+        current, base = net._model, net._net.model
+        shapes = {n: net.blobs[n].shape for n in base.inputs}
+        if current.inputs == shapes and self._reaches(current, hi):
+            return current
+        signature = tuple(sorted(shapes.items()))
+        if signature not in self._whole_fails:
+            try:
+                return self._checked(base.reshape(shapes))
+            except NetError:
+                self._whole_fails.add(signature)
+        layers = net._structure.layers
+        upto = next(c.key for c in reversed(layers[: hi + 1]) if c.key is not None)
+        return self._checked(base.reshape(shapes, upto=upto))
+
+    def _reaches(self, model: Model, hi: int) -> bool:
+        if model.upto is None:
+            return True
+        keys = [c.key for c in self.net._structure.layers[: hi + 1] if c.key is not None]
+        names = [layer.name for layer in model.net.layers]
+        return names.index(keys[-1]) <= names.index(model.upto)
+
+    def _checked(self, model: Model) -> Model:
+        """``model`` once its params are known to fit the net's param blobs (Caffe's layers
+        refuse a reshape that changes their params, e.g. InnerProduct's input size)."""
+        if "params fit" not in model.programs:
+            blobs = self.net._params.blobs
+            for name, j, decl in model.graph.owned():
+                have = blobs.get((name, j))
+                if have is not None and tuple(have.shape) != tuple(decl.shape):
+                    raise NetError(
+                        f"layer '{name}': for these input shapes its blob {j} would be "
+                        f"{list(decl.shape)}, but it holds {list(have.shape)} (params do not "
+                        "reshape; as in Caffe, the input size of such a layer is fixed)"
+                    )
+            model.programs["params fit"] = True
+        return model
+
+    # -- ForwardFromTo ------------------------------------------------------------------------
+
+    def forward(self, lo: int, hi: int, wanted: list[str]) -> None:
+        """Run layers ``lo``..``hi``; ``wanted`` are the blobs the call returns."""
+        net = self.net
+        model = self.member(hi)
+        net._model = model
+        writes = net._structure.writes(lo, hi)
+        if lo == 0:
+            versions = model.graph.input_versions
+            env = {versions[n]: net.blobs[n]._device() for n in model.inputs}
+        else:
+            env = {
+                v: net.blobs[name]._device() for v, name in programs.plan(model, lo, hi).external
+            }
+        params, state = net.param_values()
+        key = net._net.key
+        if self.wide:
+            key, rng = jax.random.split(key)
+            out, new_state = programs.replay(model, lo, hi)(params, state, env, rng)
+        else:
+            returned = frozenset(writes[n] for n in wanted if n in writes) | self._sunk(model)
+            run = programs.forward(model, lo, hi, returned)
+            out, new_state, key, rng = run(params, state, env, key)
+        settle(model.net, out)
+        net._net.key = key
+        self.last = record = Forward(model, lo, hi, params, state, rng, env, out if self.wide
+                                     else None)  # fmt: skip
+        self._show(record, writes, out)
+        net._params.show({}, new_state)
+        net._net.sinks.write(out)
+
+    @staticmethod
+    def _sunk(model: Model) -> frozenset[str]:
+        """The versions HDF5Output layers write after a forward."""
+        return frozenset(b for layer in model.net.layers if layer.type == "HDF5Output"
+                         for b in layer.bottoms)  # fmt: skip
+
+    def _show(self, record: Forward, writes: dict[str, str], out: dict[str, Any]) -> None:
+        blobs = self.net.blobs
+        for name, version in writes.items():
+            if version in record.env:  # an input: the blob holds it already
+                continue
+            blob = blobs[name]
+            shape = version_shape(record.model, version)
+            if blob.shape != shape:
+                blob.reshape(*shape)
+            if version in out:
+                blob._set_data(out[version])
+            else:
+                blob._set_data(lambda v=version: self._replayed(record)[v])
+
+    def _replayed(self, record: Forward) -> dict[str, Any]:
+        """Every blob of ``record``'s forward (run again once; the next forwards return them
+        all)."""
+        if record.every is None:
+            self.wide = True
+            run = programs.replay(record.model, record.lo, record.hi)
+            record.every = run(record.params, record.state, record.env, record.rng)[0]
+        return record.every
+
+    # -- BackwardFromTo -----------------------------------------------------------------------
+
+    def backward(self, lo: int, hi: int) -> None:
+        """Caffe's BackwardFromTo(hi, lo) after the last forward (its state and rng)."""
+        net = self.net
+        record = self.last
+        model = record.model if record is not None else net._model
+        if not self._reaches(model, hi):
+            raise NetError(
+                f"backward from layer '{net._structure.layer_names[hi]}': the last forward's "
+                f"input shapes reach only up to layer '{model.upto}' (later layers cannot "
+                "take them), so there is nothing to run backward from there"
+            )
+        plan, fn = programs.backward(model, lo, hi)
+        params, state = net.param_values()
+        rng = net._net.key
+        if record is not None:
+            state, rng = record.state, record.rng
+        env = {v: net.blobs[name]._device() for v, name in plan.external}
+        top_diffs = {name: net.blobs[name]._diff_device() for _, name in plan.seeds}
+        diffs, grads, _ = fn(params, state, env, rng, top_diffs)
+        settle(model.net, (diffs, grads))
+        for name, value in diffs.items():
+            net.blobs[name]._set_diff(value)
+        net._params.add_diffs(grads, ranges.param_mask(model.graph, lo, hi))

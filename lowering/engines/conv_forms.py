@@ -1,0 +1,79 @@
+"""The forms a 2-D (or N-D) cross-correlation with Caffe-layout weights can run in.
+
+Arrays and geometry in, array out; nothing here knows a layer. ``x`` is Caffe's (N, C,
+*spatial) or, with ``channels_last``, (N, H, W, C); ``w`` is Caffe's (num_output, C/group,
+*kernel) in every form. The engine policy (policy.py) picks the form per convolution when a
+net is planned; each equals :func:`general` to float rounding (tests/lowering/engines/
+test_conv_forms.py):
+
+* ``xla``: :func:`general`, ``lax.conv_general_dilated`` with the layout as a parameter.
+* ``onednn``: oneDNN's primitives (onednn.py), 2-D float32 on the CPU.
+* ``pointwise``: a channels-last 1×1 convolution as one matrix product over channels.
+* ``patches``: a channels-last convolution as Caffe computes it, im2col + one matrix product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from caffe2jax.lowering.engines import onednn
+
+Ints = Sequence[int]
+
+
+def general(x, w, stride: Ints, pad: Ints, dilation: Ints, group: int, channels_last: bool):
+    """The plain form: XLA's convolution, channels-last or Caffe's layout (N-D in the latter)."""
+    return lax.conv_general_dilated(
+        x,
+        w,
+        tuple(stride),
+        [(p, p) for p in pad],
+        rhs_dilation=tuple(dilation),
+        feature_group_count=group,
+        dimension_numbers=("NHWC", "OIHW", "NHWC") if channels_last else None,
+    )
+
+
+def pointwise(x: jax.Array, w: jax.Array, stride: Ints) -> jax.Array:
+    """(N, H, W, C) ⊛ (O, C, 1, 1): the strided pixels times Wᵀ, contracted in place (XLA:CPU
+    would otherwise copy the kernel into HWIO on every call)."""
+    if any(s > 1 for s in stride):
+        x = x[:, :: stride[0], :: stride[1], :]
+    w2 = w.reshape(w.shape[:2])
+    return lax.dot_general(x, w2, (((3,), (1,)), ((), ())))
+
+
+def patches(x: jax.Array, w: jax.Array, stride: Ints, pad: Ints, dilation: Ints) -> jax.Array:
+    """(N, H, W, C) ⊛ (O, C, kh, kw) as Caffe's im2col + GEMM: patches ordered (i, j, c), one
+    matrix product with a contraction deep enough for the CPU where C is small."""
+    (kh, kw), (sh, sw), (dh, dw) = w.shape[2:], stride, dilation
+    ph, pw = pad
+    xp = jnp.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    oh = (xp.shape[1] - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (xp.shape[2] - (dw * (kw - 1) + 1)) // sw + 1
+    columns = jnp.concatenate(
+        [xp[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+         for i in range(kh) for j in range(kw)],
+        axis=3,
+    )  # fmt: skip
+    w2 = jnp.transpose(w, (0, 2, 3, 1)).reshape(w.shape[0], -1)
+    return lax.dot_general(columns, w2, (((3,), (1,)), ((), ())))
+
+
+def convolve(
+    form: str, x, w, stride: Ints, pad: Ints, dilation: Ints, group: int, channels_last: bool
+) -> jax.Array:
+    """The convolution of ``x`` with ``w`` (no bias) in ``form`` (see the module docstring)."""
+    if form == "onednn":
+        return onednn.convolution(x, w, stride, pad, dilation, group, channels_last)
+    if form == "pointwise":
+        return pointwise(x, w, stride)
+    if form == "patches":
+        return patches(x, w, stride, pad, dilation)
+    if form != "xla":
+        raise ValueError(f"unknown convolution form {form!r}")
+    return general(x, w, stride, pad, dilation, group, channels_last)

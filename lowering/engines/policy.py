@@ -1,0 +1,219 @@
+"""The engine policy: one frozen record saying which form each convolution and pooling takes.
+
+Every form computes the layer Caffe defines, to float rounding; they differ in speed only
+(docs/performance.md measures each on vs off). A net's policy is fixed when it is compiled:
+``Graph(..., policy=)`` / ``compile(..., policy=)``, by default :meth:`EnginePolicy.from_env`
+(the user's switches, read once per compiled net and checked). When the graph is planned, each
+Convolution and Pooling asks the policy for its form (:meth:`EnginePolicy.conv_form`,
+:meth:`EnginePolicy.pool_form`) from static facts only (shapes, dtype, layout, the type of the
+layer that produced its bottom); the lowering receives that choice as ``ctx.engine``. Nothing
+here is read while a program is traced, so a net behaves the same however often it is traced.
+
+The switches (docs/performance.md "Engine switches" has the one table):
+
+* ``$CAFFE2JAX_CPU_CONV`` → :attr:`EnginePolicy.conv`: ``auto`` (unset), ``onednn``,
+  ``onednn-all`` or ``xla`` (lowering/engines/onednn.py).
+* ``$CAFFE2JAX_POOL`` → :attr:`EnginePolicy.pool`: ``auto`` (unset), ``phases`` or ``xla``
+  (lowering/engines/windows.py).
+* ``$CAFFE2JAX_CHANNELS_LAST`` → :attr:`EnginePolicy.channels_last`: ``1`` (unset) or ``0``
+  (lowering/layout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.engines import onednn
+
+CONV_ENV = "CAFFE2JAX_CPU_CONV"
+POOL_ENV = "CAFFE2JAX_POOL"
+CHANNELS_LAST_ENV = "CAFFE2JAX_CHANNELS_LAST"
+CONV_SETTINGS = ("auto", "onednn", "onednn-all", "xla")
+POOL_SETTINGS = ("auto", "phases", "xla")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# The forms a Convolution's ctx.engine names (lowering/engines/conv_forms.py), and a MAX/AVE
+# Pooling's: "phases" (windows as strided views; backward as phase sums), "phases-rw" (the
+# same backward, the forward XLA's reduce_window, which reads its input once), "xla"
+# (reduce_window and its autodiff).
+CONV_FORMS = ("xla", "onednn", "pointwise", "patches")
+POOL_FORMS = ("phases", "phases-rw", "xla")
+
+
+class PolicyError(NetError):
+    """An engine switch with a value it does not take (one line naming the variable)."""
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One convolution as the policy sees it: Caffe-order shapes, padding, groups, size."""
+
+    x: tuple[int, ...]  # (N, C, *spatial), leading batch axes folded into N
+    w: tuple[int, ...]  # (num_output, C/group, *kernel)
+    pad: tuple[int, ...]
+    group: int
+    macs: int  # forward multiply-adds: each top value sums C/group · kernel terms
+    dtype: Any
+    channels_last: bool  # the activations are (N, H, W, C) (lowering/layout.py)
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """Which engine runs each convolution and pooling (frozen, hashable, compared by value).
+
+    ``conv``: ``auto`` — oneDNN under the size rule where libdnnl loads and the process sees one
+    device, XLA elsewhere, silently; ``onednn`` — the size rule on any device count, a warning if
+    libdnnl is missing; ``onednn-all`` — every 2-D float32 convolution on oneDNN (no pointwise
+    or patches forms); ``xla`` — no oneDNN. The size rule: at least ``onednn_min_macs`` forward
+    multiply-adds and more than one input channel per group.
+
+    ``pointwise``: on the CPU a channels-last 1×1, unpadded, ungrouped convolution is one
+    matrix product over channels. ``patches``: on the CPU a channels-last convolution of at
+    most ``few_channels`` input channels and ``patches_max_macs`` multiply-adds that oneDNN
+    does not take is im2col + one matrix product.
+
+    ``pool``: ``auto`` — ``phases`` on the CPU; elsewhere the forms the GPU table was measured
+    with (reduce_window forwards, per-offset selects for non-overlapping MAX windows); ``phases``
+    — strided views and phase-sum backwards everywhere (reduce_window forward behind a layer
+    whose output is expensive to recompute); ``xla`` — reduce_window and its autodiff (the only
+    pooling forward-mode autodiff goes through).
+
+    ``channels_last``: the NHWC pass (lowering/layout.py). ``backend``: the platform the
+    ``auto`` rules are resolved for (None: ``jax.default_backend()`` when the net is planned).
+    """
+
+    conv: str = "auto"
+    # ``onednn``'s size rule: below it, or with one input channel per group (a first layer on
+    # grey images), benchmarks/onednn_conv.py --sizes measured XLA's own convolution as fast or
+    # faster (fwd+bwd: 2.5M MACs 0.71×, 9.6M 0.85×, 10M 0.82×; 1 input channel 0.12–0.34×; from
+    # 19.7M 0.97–1.71×, and 5.95× on a 4×4 image): the pass through Python costs ~0.2 ms a call.
+    onednn_min_macs: int = 16_000_000
+    # XLA:CPU otherwise copies a 1×1 kernel into HWIO on every call (benchmarks/fast_paths.py
+    # --path pointwise).
+    pointwise: bool = True
+    # ≤ 4 input channels: first layers on RGB or grey images. Up to 64M multiply-adds, where
+    # benchmarks/fast_paths.py --path patches measured it ahead (LeNet b64 train 0.90×, CIFAR-10
+    # full b1 0.92×); first layers of ImageNet nets measured faster on oneDNN.
+    patches: bool = True
+    few_channels: int = 4
+    patches_max_macs: int = 64_000_000
+    pool: str = "auto"
+    channels_last: bool = True
+    backend: str | None = None
+
+    def __post_init__(self):
+        _check("conv", self.conv, CONV_SETTINGS)
+        _check("pool", self.pool, POOL_SETTINGS)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **fields: Any) -> EnginePolicy:
+        """The policy the user's environment variables ask for (others at their defaults,
+        ``fields`` overriding); a value a switch does not take is refused by name."""
+        env = os.environ if environ is None else environ
+        conv = env.get(CONV_ENV, "").strip().lower() or "auto"
+        if conv not in CONV_SETTINGS:
+            raise PolicyError(f"${CONV_ENV}={conv!r}: use one of {', '.join(CONV_SETTINGS)}")
+        pool = env.get(POOL_ENV, "").strip().lower() or "auto"
+        if pool not in POOL_SETTINGS:
+            raise PolicyError(f"${POOL_ENV}={pool!r}: use {', '.join(POOL_SETTINGS[:-1])} or xla")
+        last = env.get(CHANNELS_LAST_ENV, "").strip().lower()
+        if last and last not in _TRUE + _FALSE:
+            raise PolicyError(f"${CHANNELS_LAST_ENV}={last!r}: use 1 or 0")
+        return cls(**{"conv": conv, "pool": pool, "channels_last": last not in _FALSE, **fields})
+
+    # -- the choices, made when a graph is planned ---------------------------------------------
+
+    def on_cpu(self) -> bool:
+        return (self.backend or jax.default_backend()) == "cpu"
+
+    def conv_form(self, c: ConvShape) -> str:
+        """The form a convolution runs in (one of :data:`CONV_FORMS`)."""
+        if c.channels_last and self._pointwise(c):
+            return "pointwise"
+        if self._onednn(c):
+            return "onednn"
+        if c.channels_last and self._patches(c):
+            return "patches"
+        return "xla"
+
+    def _pointwise(self, c: ConvShape) -> bool:
+        """A 1×1, unpadded, ungrouped 2-D convolution on the CPU (``onednn-all`` takes all)."""
+        return (
+            self.pointwise
+            and self.conv != "onednn-all"
+            and c.group == 1
+            and c.w[2:] == (1, 1)
+            and not any(c.pad)
+            and self.on_cpu()
+        )
+
+    def _onednn(self, c: ConvShape) -> bool:
+        """oneDNN's path: not turned off, on the CPU, 2-D, float32, the size rule (or
+        ``onednn-all``), and the library loads (if it does not and was asked for by name, say
+        so once). By default (``auto``) only in a process that sees one device: XLA's SPMD
+        partitioner has no rule for the foreign call, so a sharded program would gather the
+        whole batch onto every device."""
+        if self.conv == "xla" or not self.on_cpu() or len(c.x) != 4:
+            return False
+        if self.conv == "auto" and jax.device_count() > 1:
+            return False
+        if self.conv != "onednn-all" and (c.macs < self.onednn_min_macs or c.w[1] <= 1):
+            return False
+        if np.dtype(c.dtype) != np.float32:
+            return False
+        why = onednn.available()
+        if why is not None and self.conv != "auto":
+            _warn_once(why)
+        return why is None
+
+    def _patches(self, c: ConvShape) -> bool:
+        return (
+            self.patches
+            and self.few_channels > 0
+            and c.macs <= self.patches_max_macs
+            and self.conv != "onednn-all"
+            and c.group == 1
+            and c.w[1] <= self.few_channels
+            and c.w[2:] != (1, 1)
+            and self.on_cpu()
+        )
+
+    def pool_form(self, op: str, kernel: tuple, stride: tuple, expensive_bottom: bool) -> str:
+        """The form of a MAX (``op="max"``) or AVE pooling (one of :data:`POOL_FORMS`).
+
+        ``expensive_bottom``: its bottom comes from a layer whose output costs exp, log or pow
+        per element; XLA:CPU fuses such a producer into each of the k_h·k_w window views and
+        computes it that many times (AlexNet b1: 1.2× slower), so there the forward reads its
+        input once, through reduce_window."""
+        setting = self.pool
+        if setting == "auto" and self.on_cpu():
+            setting = "phases"
+        if setting == "phases":
+            return "phases-rw" if expensive_bottom else "phases"
+        if setting == "auto" and op == "max" and all(k <= s for k, s in zip(kernel, stride)):
+            return "phases-rw"  # off the CPU: per-offset selects where windows do not overlap
+        return "xla"
+
+
+def resolve(policy: EnginePolicy | None) -> EnginePolicy:
+    """``policy``, or when None the one the environment asks for."""
+    return EnginePolicy.from_env() if policy is None else policy
+
+
+def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise PolicyError(f"engine policy {name}={value!r}: use one of {', '.join(allowed)}")
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    warnings.warn(f"{why}; convolving with XLA instead", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,66 @@
+"""`caffe2jax summary` (caffe2jax/cli/summary.py, summary_shapes.py) on the forks'
+development set: every train and test prototxt is listed, with its data layers' shapes where
+their parameters fix them, "from the data source" where only the data can tell, and the
+reason a layer caffe2jax does not lower yet has no shape."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from caffe2jax.cli.main import main
+from tests.cli_runner import run_cli
+from tests.forks import FORK_MODELS, model_names
+from tests.frontend.test_forks_schema import PHASES
+
+
+def _summary(capsys, *args) -> str:
+    assert main(["summary", *map(str, args)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_every_development_net_is_listed(capsys, name):
+    for phase in PHASES.get(name, ("TRAIN", "TEST")):
+        out = _summary(capsys, FORK_MODELS / name, "--phase", phase, "--define", "NUM_LABELS=21")
+        assert "Initializing net" in out and "Network initialization done." in out
+        assert out.count("Creating Layer ") >= 20
+        assert "Top shape:" in out
+
+
+def test_fork_data_layers_shapes_without_data(capsys):
+    ssd = _summary(capsys, FORK_MODELS / "ssd_mobilenet_train.prototxt", "--phase", "TRAIN")
+    assert "(dialect ssd: SSD)" in ssd
+    assert "Top shape: 24 ? 300 300 (? from the data source)" in ssd  # resize 300x300
+    assert "Top shape: 1 1 ? 8 (? from the data source)" in ssd  # one row per box
+    assert "a training layer of SSD" in ssd
+    c3d = _summary(capsys, FORK_MODELS / "c3d_v10_ucf101_finetune_train.prototxt",
+                   "--phase", "TRAIN")  # fmt: skip
+    assert "Top shape: 30 3 16 112 112 (18063360)" in c3d  # batch, RGB, length, crop
+    segnet = _summary(capsys, FORK_MODELS / "segnet_basic_train.prototxt", "--phase", "TRAIN")
+    assert "Top shape: 4 3 ? ? (? from the data source)" in segnet  # no size given: the images
+
+
+def test_supported_layers_after_known_shapes_are_shaped(capsys):
+    out = _summary(capsys, FORK_MODELS / "pspnet101_cityscapes_713.prototxt")
+    assert "Top shape: 1 3 713 713 (1525107)" in out
+    assert "Top shape: 1 64 357 357 (8156736)" in out  # conv1_1_3x3_s2 before the first BN
+    assert "(the BN layer of PSPNet (hszhao/PSPNet@798bdc9), which caffe2jax does not" in out
+
+
+def test_a_ceil_mode_net_compiles_whole(capsys):
+    out = _summary(capsys, FORK_MODELS / "densenet201_shicai.prototxt")
+    assert "(dialect ceil_mode: the ceil_mode patch)" in out
+    assert "not every shape" not in out and "Top shape: 1 1000 1 1 (1000)" in out
+
+
+def test_dialect_and_define_options_are_checked():
+    proc = run_cli("summary", FORK_MODELS / "densenet201_shicai.prototxt", "--dialect", "nope")
+    assert proc.returncode == 1 and "unknown dialect 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("summary", FORK_MODELS / "deeplab_v1_vgg128_noup_test.prototxt")
+    assert proc.returncode == 1
+    assert re.search(
+        r"noup_test\.prototxt:\d+:\d+: template variable \$\{NUM_LABELS\}", proc.stderr
+    )

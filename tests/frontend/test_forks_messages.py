@@ -1,0 +1,73 @@
+"""What caffe2jax says about fork things it does not support yet: fields of forks it has no
+schema for and unknown V1 types (frontend/parse.py), and fork layer types it does not lower
+(compile time, lowering/registry.py with frontend/fork_types.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import caffe2jax
+from caffe2jax.frontend.errors import NetError, PrototxtError
+from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.frontend.parse import read_net
+
+INPUT = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+
+
+def test_a_field_of_a_fork_names_its_layer():
+    with pytest.raises(PrototxtError) as err:
+        read_net('layer { name: "p" type: "Proposal" proposal_param { feat_stride: 16 } }')
+    message = str(err.value)
+    assert "'proposal_param' is a field of OpenCV's Proposal layer" in message
+    assert "does not support yet" in message and "did you mean" not in message
+
+
+def test_typos_still_get_a_suggestion():
+    with pytest.raises(PrototxtError, match="did you mean 'convolution_param'"):
+        read_net('layer { name: "c" convolution_parm { num_output: 1 } }')
+
+
+def test_unknown_v1_type_names_the_forks_read():
+    with pytest.raises(PrototxtError) as err:
+        read_net('layers { name: "s" type: SPATIAL_TRANSFORMER }')
+    message = str(err.value)
+    assert message.startswith("<string>:1:")
+    assert "unknown V1 layer type SPATIAL_TRANSFORMER" in message
+    assert "DeepLab v1, C3D v1.0, MobileNet-YOLO" in message
+
+
+@pytest.mark.parametrize(
+    ("layer", "expected"),
+    [
+        ('type: "Interp" interp_param { zoom_factor: 2 }',
+         "the Interp layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
+        ('type: "MultiBoxLoss"', "a training layer of SSD (weiliu89/caffe@4817bf8"),
+        ('type: "CtcLoss"', "a training layer of CRNN (yalecyu/crnn.caffe@0d95ba2), not supp"),
+        ('type: "BoxAnnotatorOHEM" box_annotator_ohem_param { roi_per_img: 128 }',
+         "a training layer of R-FCN (Microsoft/caffe@1a2be8e), not supported yet"),
+        ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
+        ('type: "BN" bn_param { frozen: true }', "the BN layer of PSPNet (hszhao/PSPNet"),
+        ('type: "ShuffleChannel"', "the ShuffleChannel layer of ShuffleNet"),
+    ],
+)  # fmt: skip
+def test_unsupported_fork_types_fail_at_compile_time_naming_the_fork(layer, expected):
+    text = INPUT + f'layer {{ name: "f" bottom: "x" top: "y" {layer} }}'
+    with pytest.raises(NetError) as err:
+        caffe2jax.compile(text)
+    message = str(err.value)
+    assert message.startswith("<string>:2: layer 'f' (type ") or "layer 'f' (type " in message
+    assert expected in message
+    assert "did you mean" not in message
+
+
+def test_other_unknown_types_keep_the_usual_message():
+    with pytest.raises(NetError, match="unsupported type 'Frobnicate'"):
+        caffe2jax.compile(INPUT + 'layer { name: "f" type: "Frobnicate" bottom: "x" top: "y" }')
+    assert unsupported_fork_type("Frobnicate") is None
+    assert unsupported_fork_type("Convolution") is None
+
+
+def test_forms_narrow_the_fork_named():
+    assert "of SegNet" in unsupported_fork_type("Upsample", "max_unpool")
+    assert "of darknet2caffe" in unsupported_fork_type("Upsample", "nearest")
+    assert "training layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
