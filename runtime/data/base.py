@@ -138,7 +138,9 @@ class ItemSource(DataSource):
         return list(self._shapes)
 
     def plan(self) -> Planned:
-        """The next batch's records and positions; the reader moves past them."""
+        """The next batch's records and positions; the reader moves past them. The batch is
+        checked first (:func:`checked_batch`): no list of 2^31 records is built for it."""
+        checked_batch(self.name, self.top_shapes())
         start = self.position
         records = self._records()
         self.position = start + self.batch_size

@@ -42,7 +42,13 @@ REFUSALS_ONLY = {"binaryproto", "cli", "pycaffe", "hdf5data", "leveldb", "lmdb_i
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Report:
     counts = {kind: max(1, int(n * SCALE)) for kind, n in COUNTS.items()}
-    return run(counts, SEED, tmp_path_factory.mktemp("fuzz"))
+    light = os.environ.get("CAFFE2JAX_FUZZ_LIGHT")
+    os.environ["CAFFE2JAX_FUZZ_LIGHT"] = "1"  # no 100000-item batches (data_cases.HEAVY_BATCH)
+    try:
+        return run(counts, SEED, tmp_path_factory.mktemp("fuzz"))
+    finally:
+        if light is None:
+            del os.environ["CAFFE2JAX_FUZZ_LIGHT"]
 
 
 @pytest.mark.parametrize("kind", sorted(COUNTS))
