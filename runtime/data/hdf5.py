@@ -103,13 +103,13 @@ class HDF5DataSource(DataSource):
         self._memo = Memo()
         self._load()
 
-    def _read(self, path: Path) -> list[np.ndarray]:
+    def _load_file(self, path: Path) -> list[np.ndarray]:
         """A file's tops; small files are kept once read (:mod:`.memo`)."""
         return self._memo.get(path, lambda: load_hdf5_tops(path, self.tops))
 
     def _load(self) -> None:
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = self._read(path)
+        self.blobs = self._load_file(path)
         shapes = [a.shape[1:] for a in self.blobs]
         if self.row_shapes is None:
             self.row_shapes = shapes
@@ -136,7 +136,7 @@ class HDF5DataSource(DataSource):
     def _restored(self) -> None:
         rows, current = self.rows, self.current_row
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = self._read(path)
+        self.blobs = self._load_file(path)
         self.rows, self.current_row = rows, current
 
     def top_shapes(self) -> list[tuple[int, ...]]:

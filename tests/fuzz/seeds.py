@@ -195,7 +195,8 @@ def make_seeds(work: Path) -> Seeds:
         solvers.append(((folder / "solver.prototxt").read_text(), folder / "net.prototxt"))
     model = Model(load_net(FORMATS / "format_net.prototxt", "TEST"))
     state = read_solverstate(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate")
-    write_solverstate(work / "seed.solverstate.h5", state, hdf5=True)
+    if not (work / "seed.solverstate.h5").exists():  # built once (by the run's first worker):
+        write_solverstate(work / "seed.solverstate.h5", state, hdf5=True)  # workers share it
     _lmdb(work / "seed_lmdb")
     _digits(work / "digits")
     return Seeds(
