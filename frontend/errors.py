@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-MAX_MESSAGE = 400  # a hard cap; messages are written to stay near 200
+MAX_MESSAGE = 240  # a hard cap (a terminal line or two); messages are written to stay near 200
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -2,7 +2,8 @@
 
 ``Graph(net, input_shapes)`` looks every layer up in the registry, declares its param blobs,
 infers every top shape with ``jax.eval_shape`` (no second shape table), resolves shared params
-(Caffe's AppendParam ownership and shape checks) and Caffe's need-backward analysis. Then::
+(Caffe's AppendParam ownership and shape checks, lowering/limits.py's blob limits) and Caffe's
+need-backward analysis. Then::
 
     params, state = graph.init(key)
     blobs, state = graph.apply(params, state, inputs, rng)     # pure, jittable
@@ -10,11 +11,10 @@ infers every top shape with ``jax.eval_shape`` (no second shape table), resolves
 
 Gradients are JAX's, with ``stop_gradient`` exactly where Caffe computes no diff (bottoms and
 params Net::Init marks as not needing backward), so ``jax.grad`` of the objective equals the
-diffs Caffe's Backward leaves in the params.
-
-When it is built, a Graph is also planned (lowering/planning.py) under its engine policy
-(``policy=``, lowering/engines/policy.py): which layers run channels-last (``nhwc_layers``) and
-the form of each convolution and pooling (``engines``); a run executes that plan.
+diffs Caffe's Backward leaves in the params. When it is built, a Graph is also planned
+(lowering/planning.py) under its engine policy (``policy=``, lowering/engines/policy.py): which
+layers run channels-last (``nhwc_layers``) and the form of each convolution and pooling
+(``engines``); a run executes that plan.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.policy import resolve as resolve_policy
 from caffe2jax.lowering.engines.precision import Precision, cast, resolve
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
+from caffe2jax.lowering.limits import check_blobs
 from caffe2jax.lowering.planning import RunPlan, Step, plan_engines, plan_run
 from caffe2jax.lowering.registry import (
     Context,
@@ -158,6 +159,7 @@ class Graph:
         for k, layer in enumerate(net.layers):
             with _at(layer):
                 self._infer_layer(k, layer, shapes, given)
+                check_blobs(layer, [shapes[t] for t in layer.tops], self.decls.get(layer.name, ()))
         if given:
             raise NetError(f"input_shapes names unknown input blob(s): {', '.join(sorted(given))}")
         return shapes
@@ -210,10 +212,8 @@ class Graph:
     # -- run time -------------------------------------------------------------------------
 
     def init(self, key: jax.Array) -> tuple[Params, Params]:
-        """Fresh params and state from each blob's Caffe filler (shared slots hold None).
-
-        One compiled program for the whole net, drawing from two shared sample pools.
-        """
+        """Fresh params and state from each blob's Caffe filler (shared slots hold None): one
+        compiled program for the whole net, drawing from two shared sample pools."""
         if self._init is None:
             self._init = jax.jit(self._init_fn)
         return self._init(key)

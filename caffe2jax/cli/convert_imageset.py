@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from caffe2jax.cli.args import int32
 from caffe2jax.runtime.data.db import BACKENDS
 from caffe2jax.runtime.data.tools import convert_imageset
 
@@ -40,7 +41,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("listfile", metavar="LISTFILE")
     parser.add_argument("db", metavar="DB")
     for name in ("resize_height", "resize_width"):
-        parser.add_argument(f"--{name}", f"-{name}", type=int, default=0, metavar="N",
+        parser.add_argument(f"--{name}", f"-{name}", type=int32, default=0, metavar="N",
                             help="resize images to this size (both must be set)")  # fmt: skip
     add_flag(parser, "gray", "read images as 1-channel gray")
     add_flag(parser, "shuffle", "shuffle the list first")
@@ -49,7 +50,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--encode_type", "-encode_type", default="", metavar="EXT",
                         help="png, jpg, ... (default: from each file's extension)")  # fmt: skip
     parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
-    parser.add_argument("--seed", type=int, default=None, help="seed of --shuffle")
+    parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
     parser.set_defaults(func=run)
 
 

@@ -75,6 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"caffe2jax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # memory exhausted past the checks: one line, the limit named
+        if not _out_of_memory(err):
+            raise
+        from caffe2jax.runtime.parallel.memory import memory_budget
+
+        what = one_line(str(err).splitlines()[0] if str(err) else type(err).__name__, 100)
+        print(f"caffe2jax {args.command}: error: out of memory ({what}); "
+              f"{memory_budget().describe()}; lower batch_size", file=sys.stderr)  # fmt: skip
+        return 1
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """A MemoryError, or XLA's RESOURCE_EXHAUSTED (an allocation the device refused)."""
+    return isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in str(err)[:200]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import math
 from pathlib import Path
 
+from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary_shapes import Shape, partial_shapes
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.dialect import get
@@ -25,7 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summary", help="print a net's layers, blobs and shapes like Caffe's log")
     p.add_argument("model", help="net prototxt")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
-    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--level", type=int32, default=0)
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
     p.add_argument(
         "--input-shape",

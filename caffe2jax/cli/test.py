@@ -7,6 +7,7 @@ import argparse
 import numpy as np
 
 from caffe2jax.cli import logs
+from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary import add_dialect
 
 
@@ -14,10 +15,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("test", help="score a trained net over N batches")
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")
-    p.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
+    p.add_argument("--iterations", type=int32, default=50, help="number of batches (default 50)")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
-    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--level", type=int32, default=0)
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                    help="how layers compute (weights stay fp32)")  # fmt: skip
     add_dialect(p, "the fork numbering --weights was written with (default: from the prototxt)")

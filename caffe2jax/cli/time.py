@@ -12,13 +12,14 @@ import argparse
 import jax
 
 from caffe2jax.cli import logs
+from caffe2jax.cli.args import int32
 from caffe2jax.frontend.errors import CaffeError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("time", help="time a net's forward and backward passes")
     p.add_argument("--model", required=True, help="net prototxt")
-    p.add_argument("--iterations", type=int, default=50)
+    p.add_argument("--iterations", type=int32, default=50)
     p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     p.add_argument(
         "--precision",

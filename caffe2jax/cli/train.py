@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from caffe2jax.cli import logs
+from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary import add_dialect
 from caffe2jax.frontend.errors import CaffeError, SolverError
 
@@ -34,7 +35,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--weights", help="comma-separated .caffemodel file(s) to fine-tune from")
     group.add_argument("--snapshot", help=".solverstate to resume training from")
     add_dialect(p, "the fork numbering --weights were written with (default: from the net)")
-    p.add_argument("--iterations", type=int, help="override the solver's max_iter")
+    p.add_argument("--iterations", type=int32, help="override the solver's max_iter")
     p.add_argument("--log", help="log file (default: <solver name>.log in this folder)")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run's files")
     for sig, default in (("sigint", "stop"), ("sighup", "snapshot")):
@@ -51,7 +52,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="a progress bar (terminals, by default) or Caffe's log lines on stderr",
     )
-    p.add_argument("--data_workers", "-data_workers", type=int, metavar="N",
+    p.add_argument("--data_workers", "-data_workers", type=int32, metavar="N",
                    help="threads decoding and transforming each data layer's images (default: "
                    "the cores this process may use; 0: in its prefetch thread)")  # fmt: skip
     _add_device_flags(p)
@@ -64,9 +65,9 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
     """Caffe's -gpu, and the processes of a multi-host run (jax.distributed)."""
     p.add_argument("--gpu", help="devices to train on: 'all' or ids like 0,1 (Caffe's -gpu)")
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for multi-process training")
-    p.add_argument("--num-processes", type=int, help="number of processes (multi-process)")
-    p.add_argument("--process-id", type=int, help="this process's rank, 0..N-1 (multi-process)")
-    p.add_argument("--timeout", type=int, default=60,
+    p.add_argument("--num-processes", type=int32, help="number of processes (multi-process)")
+    p.add_argument("--process-id", type=int32, help="this process's rank, 0..N-1 (multi-process)")
+    p.add_argument("--timeout", type=int32, default=60,
                    help="seconds to wait for all processes to join (default 60)")  # fmt: skip
 
 

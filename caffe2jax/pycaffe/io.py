@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -29,6 +30,7 @@ from caffe2jax.runtime.data.datum import (
     read_blobproto,
     write_blobproto,
 )
+from caffe2jax.runtime.data.guards import open_image
 
 __all__ = [
     "Transformer",
@@ -121,7 +123,8 @@ def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.nda
 def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
     """An image as float32 H×W×3 RGB (or H×W×1 gray with ``color=False``) in [0, 1]."""
     try:
-        with Image.open(filename) as image:
+        data = Path(filename).read_bytes()
+        with open_image(data, str(filename), formats=None) as image:  # its size checked first
             pixels = np.asarray(image.convert("RGB" if color else "L"), np.float32) / 255.0
     except (OSError, ValueError) as err:
         raise DataError(f"{filename}: cannot read image ({err})") from None

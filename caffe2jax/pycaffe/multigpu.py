@@ -18,9 +18,9 @@ from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.runtime.parallel.devices import last_mesh, local_slots
 
 _INSTEAD = (
-    "caffe2jax trains on several devices with one solver: get_solver(path, devices='all' or "
-    "[ids]), or `caffe2jax train --gpu all|0,1` (add --coordinator HOST:PORT --num-processes N "
-    "--process-id I across machines)"
+    "one solver trains on several devices: get_solver(path, devices='all'|[ids]) or "
+    "`caffe2jax train --gpu all|0,1` (--coordinator, --num-processes, --process-id across "
+    "machines)"
 )
 
 

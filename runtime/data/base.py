@@ -138,7 +138,9 @@ class ItemSource(DataSource):
         return list(self._shapes)
 
     def plan(self) -> Planned:
-        """The next batch's records and positions; the reader moves past them."""
+        """The next batch's records and positions; the reader moves past them. The batch is
+        checked first (:func:`checked_batch`): no list of 2^31 records is built for it."""
+        checked_batch(self.name, self.top_shapes())
         start = self.position
         records = self._records()
         self.position = start + self.batch_size
@@ -146,8 +148,9 @@ class ItemSource(DataSource):
 
     def empty_batch(self) -> list[np.ndarray]:
         """Uninitialised float32 arrays, one per top, for :meth:`fill` to write (aligned
-        so that a CPU device takes them as they are, without a copy)."""
-        return [aligned_empty(shape) for shape in self.top_shapes()]
+        so that a CPU device takes them as they are, without a copy); checked first against
+        Caffe's blob limits and the memory this process may use."""
+        return [aligned_empty(shape) for shape in checked_batch(self.name, self.top_shapes())]
 
     def fill(self, planned: Planned, rows: range, out: list[np.ndarray]) -> float:
         """Decode and transform the items ``rows`` of ``planned`` into those rows of ``out``
@@ -187,6 +190,15 @@ class ItemSource(DataSource):
         for _ in range(batches):
             self._skip_records()
             self.position += self.batch_size
+
+
+def checked_batch(layer: str, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``shapes``, once one batch of them is known to be shapes Caffe allows that fit in
+    memory (a DataError naming ``layer`` otherwise, before anything is allocated)."""
+    from caffe2jax.runtime.parallel.memory import check_batches_fit
+
+    check_batches_fit(layer, [f"#{i}" for i in range(len(shapes))], shapes, 1)
+    return shapes
 
 
 def aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:

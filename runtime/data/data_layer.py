@@ -28,8 +28,10 @@ from caffe2jax.runtime.data.base import (
 from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.db import Cursor, open_db
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.data.sampling import Sampler
 from caffe2jax.runtime.data.transform import DataTransformer
+from caffe2jax.runtime.data.watch import same_database
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,10 @@ def _warn_deprecated(layer: caffe_pb2.LayerParameter) -> None:
 class DataLayerSource(ItemSource):
     """Caffe's ``Data`` layer over an LMDB or LevelDB of Datum records."""
 
-    STATE = ("records_read", "position", "key")
+    STATE = ("records_read", "position", "key", "source_id")
     RNGS = ("sampler.rng",)
     records_read = 0  # records the cursor has moved past (rand_skip included)
+    source_id: dict | None = None  # the database's content identity (a position is in it)
 
     def __init__(
         self,
@@ -76,7 +79,9 @@ class DataLayerSource(ItemSource):
             layer.transform_param, phase, self.key, base_dir=base_dir
         )
         self.db = open_db(path, param.backend)
+        self._memo = Memo()  # a batch larger than the database decodes each record once
         try:
+            self.source_id = self.db.content_id()
             self._setup(param, phase, order_rng)
         except BaseException:
             self.db.close()
@@ -111,7 +116,7 @@ class DataLayerSource(ItemSource):
         return datum_to_array(datum, mode=mode, where=where), datum.label
 
     def _item(self, record: tuple[bytes, bytes]) -> tuple[np.ndarray, int]:
-        return self._decode(*record)
+        return self._memo.get(record[0], lambda: self._decode(*record))  # data/memo.py
 
     def _index(self, param: caffe_pb2.DataParameter, rng: np.random.Generator) -> None:
         """Read every record's label and boost for MyCaffe's random selection."""
@@ -149,8 +154,15 @@ class DataLayerSource(ItemSource):
             self.cursor.skip(self.batch_size)
             self.records_read += self.batch_size
 
+    def check_unchanged(self) -> None:
+        """A DataError when the database changed since it was opened (:mod:`.watch`)."""
+        self.db.check_unchanged()
+
     def _restored(self) -> None:
         self.transformer.key = self.key = int(self.key)
+        self.source_id, same = same_database(self.source_id, self.db, self.name)
+        if not same:
+            self.records_read = 0
         if self.sampler is None:
             count = sum(1 for _ in self.db.keys())
             self.cursor = Cursor(self.db)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import struct
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.watch import Watch, content_id
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +63,27 @@ class Database:
         self._check_kind()
         try:
             if self.backend == "lmdb":
-                self._env = _acquire_lmdb(self.path)
+                self._env, self._env_key = _acquire_lmdb(self.path)
                 self._txn = self._env.begin(buffers=False)
             else:
-                self._db = _plyvel().DB(str(self.path), create_if_missing=False)
+                # by absolute name: LevelDB's in-process lock table knows files by the name
+                # they were opened with ("db/LOCK" of two folders would collide)
+                self._db = _plyvel().DB(str(self.path.resolve()), create_if_missing=False)
         except DataError:
             raise
         except Exception as err:  # lmdb.Error, plyvel.Error: unreadable database
             raise DataError(f"{self.path}: cannot open {self.backend} database ({err})") from err
+        self.watch = Watch(self.path, self.backend)
+
+    def check_unchanged(self) -> None:
+        """A DataError when the database was deleted, replaced, truncated, rewritten or made
+        unreadable since it was opened (see :mod:`.watch`)."""
+        self.watch.check()
+
+    def content_id(self) -> dict:
+        """The database's identity by content (:func:`.watch.content_id`)."""
+        entries = self._txn.stat()["entries"] if self.backend == "lmdb" else None
+        return content_id(self.items(), entries)
 
     def _check_kind(self) -> None:
         is_lmdb = (self.path / "data.mdb").exists()
@@ -102,6 +117,7 @@ class Database:
 
     def get(self, key: bytes) -> bytes:
         """The value stored under ``key``."""
+        self.watch.tick()
         with self._faults():
             value = self._txn.get(key) if self.backend == "lmdb" else self._db.get(key)
         if value is None:
@@ -109,9 +125,10 @@ class Database:
         return value
 
     def close(self) -> None:
+        self.watch.close()
         if self.backend == "lmdb":
             self._txn.abort()
-            _release_lmdb(self.path)
+            _release_lmdb(self._env_key)
         else:
             self._db.close()
 
@@ -131,7 +148,7 @@ def _db_faults(path: Path, backend: str) -> Iterator[None]:
 
 # py-lmdb opens an environment once per process: sources reading the same LMDB (a TRAIN and a
 # TEST net, say) share it, each with its own read transaction.
-_LMDB_ENVS: dict[Path, list] = {}
+_LMDB_ENVS: dict[tuple, list] = {}  # (folder, inode of data.mdb) -> [env, users]
 _LMDB_LOCK = threading.Lock()
 
 
@@ -180,21 +197,27 @@ def _meta(page: bytes) -> tuple[int, int, int] | None:
     return txnid, psize, last_pg
 
 
-def _acquire_lmdb(path: Path):
+def _acquire_lmdb(path: Path) -> tuple:
+    """The process's one environment of the LMDB at ``path`` (lmdb allows one per file), and
+    its key: the folder and its data file's inode, so that a database replaced at the same
+    path is opened afresh, never served from the old one's map."""
     import lmdb
 
-    key = path.resolve()
+    try:
+        inode = os.stat(path / "data.mdb").st_ino
+    except OSError:
+        inode = None
+    key = (path.resolve(), inode)
     with _LMDB_LOCK:
         if key not in _LMDB_ENVS:
-            check_lmdb_file(key)
-            env = lmdb.open(str(key), readonly=True, lock=False, readahead=False, max_readers=64)
+            check_lmdb_file(key[0])
+            env = lmdb.open(str(key[0]), readonly=True, lock=False, readahead=False, max_readers=64)
             _LMDB_ENVS[key] = [env, 0]
         _LMDB_ENVS[key][1] += 1
-        return _LMDB_ENVS[key][0]
+        return _LMDB_ENVS[key][0], key
 
 
-def _release_lmdb(path: Path) -> None:
-    key = path.resolve()
+def _release_lmdb(key: tuple) -> None:
     with _LMDB_LOCK:
         entry = _LMDB_ENVS.get(key)
         if entry is None:
@@ -220,6 +243,7 @@ class Cursor:
         self._current = self._first()
 
     def _first(self) -> tuple[bytes, bytes]:
+        self.db.check_unchanged()  # at every wrap-around: the database is the one opened
         self._items = self.db.items()
         try:
             return next(self._items)
@@ -236,6 +260,7 @@ class Cursor:
 
     def next(self) -> None:
         """Advance, wrapping around to the first record after the last."""
+        self.db.watch.tick()
         try:
             self._current = next(self._items)
         except StopIteration:

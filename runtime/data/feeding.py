@@ -108,11 +108,17 @@ class Feeder:
                 continue
             if not isinstance(source, MemoryData):
                 from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
+                from caffe2jax.runtime.parallel.memory import check_batches_fit
 
+                depth = prefetch_depth(layer.param)
+                try:
+                    check_batches_fit(layer.name, layer.top_names, source.top_shapes(), depth + 2)
+                except DataError:
+                    source.close()
+                    raise
                 # Caffe's prefetch thread: batches are read, decoded, transformed and copied
                 # to the device while the previous step computes.
-                source = Prefetcher(source, prefetch_depth(layer.param), to_device=True,
-                                    workers=self.workers)  # fmt: skip
+                source = Prefetcher(source, depth, to_device=True, workers=self.workers)
             self.sources[layer.name] = source
             self.layers[layer.name] = layer
 

@@ -26,15 +26,26 @@ def resolve_input(
     if not str(path):
         raise DataError(f"{what}: no path given")
     given = Path(path).expanduser()
-    if given.exists():
+    if _exists(given, what):
         return given
     folders = [Path(d) for d in (base_dir, also) if d is not None]
     if not given.is_absolute():
         for folder in folders:
-            if (folder / given).exists():
+            if _exists(folder / given, what):
                 return folder / given
     where = "".join(f" or in {d}" for d in folders) if not given.is_absolute() else ""
     raise DataError(f"{what} not found: {path} (looked in the working directory{where})")
+
+
+def _exists(path: Path, what: str) -> bool:
+    """``path.exists()``, with a name no file can have (too long, a NUL byte) or a folder
+    that cannot be searched told as one DataError line naming ``what``."""
+    try:
+        return path.exists()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        name = str(path) if len(str(path)) <= 60 else str(path)[:57] + "..."
+        raise DataError(f"{what}: cannot look up {name!r} ({reason})") from None
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,15 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, DataError
-from caffe2jax.runtime.data.base import DataSource, check_phase, make_rngs, positive_batch_size
+from caffe2jax.runtime.data.base import (
+    DataSource,
+    check_phase,
+    checked_batch,
+    make_rngs,
+    positive_batch_size,
+)
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path
 
@@ -93,11 +100,16 @@ class HDF5DataSource(DataSource):
             self.file_order = self.rng.permutation(self.file_order)
         self.current_file = 0
         self.row_shapes: list[tuple[int, ...]] | None = None
+        self._memo = Memo()
         self._load()
+
+    def _load_file(self, path: Path) -> list[np.ndarray]:
+        """A file's tops; small files are kept once read (:mod:`.memo`)."""
+        return self._memo.get(path, lambda: load_hdf5_tops(path, self.tops))
 
     def _load(self) -> None:
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = load_hdf5_tops(path, self.tops)
+        self.blobs = self._load_file(path)
         shapes = [a.shape[1:] for a in self.blobs]
         if self.row_shapes is None:
             self.row_shapes = shapes
@@ -124,14 +136,14 @@ class HDF5DataSource(DataSource):
     def _restored(self) -> None:
         rows, current = self.rows, self.current_row
         path = self.files[self.file_order[self.current_file]]
-        self.blobs = load_hdf5_tops(path, self.tops)
+        self.blobs = self._load_file(path)
         self.rows, self.current_row = rows, current
 
     def top_shapes(self) -> list[tuple[int, ...]]:
         return [(self.batch_size, *shape) for shape in self.row_shapes]
 
     def next_batch(self) -> list[np.ndarray]:
-        out = [np.empty(shape, np.float32) for shape in self.top_shapes()]
+        out = [np.empty(shape, np.float32) for shape in checked_batch(self.name, self.top_shapes())]
         for filled, picks in self._spans():
             for top, blob in zip(out, self.blobs, strict=True):
                 top[filled : filled + len(picks)] = blob[picks]

@@ -36,6 +36,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.guards import check_resize
 from caffe2jax.runtime.data.image_header import check_image_size
 
 MODES = ("native", "color", "gray")
@@ -149,6 +150,7 @@ def read_image(
         raise DataError(f"{path}: could not open or find file ({err.strerror})") from err
     img = decode_image(data, "color" if is_color else "gray", name=str(path))
     if height > 0 and width > 0:
+        check_resize(img.shape[0], img.shape[1], height, width, str(path))
         img = resize(img, height, width)
     return img
 

@@ -25,7 +25,9 @@ from caffe2jax.runtime.data.base import (
     positive_batch_size,
 )
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
+from caffe2jax.runtime.data.guards import check_image_tops
 from caffe2jax.runtime.data.image import read_image
+from caffe2jax.runtime.data.memo import Memo
 from caffe2jax.runtime.data.transform import DataTransformer
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,9 @@ class ImageDataSource(ItemSource):
                 f"layer {layer.name!r}: new_height and new_width must be set at the same time"
             )
         self.size = (int(param.new_height), int(param.new_width))
-        self.is_color = bool(param.is_color)
+        if all(self.size):
+            check_image_tops(layer.name, self.batch_size, 3 if param.is_color else 1, *self.size)
+        self.is_color, self._memo = bool(param.is_color), Memo()
         self.root, self.base_dir, self.shuffle = param.root_folder, base_dir, param.shuffle
         where = f"layer {layer.name!r}: image_data_param.source"
         self.list_path = resolve_input(param.source, base_dir, where)
@@ -87,6 +91,9 @@ class ImageDataSource(ItemSource):
         return f"{self.list_path}:{entry.line}: image {entry.path}"
 
     def _read(self, entry: ListEntry) -> np.ndarray:
+        return self._memo.get(entry.path, lambda: self._read_file(entry))  # data/memo.py
+
+    def _read_file(self, entry: ListEntry) -> np.ndarray:
         where = f"{self.list_path}:{entry.line}: image"
         path = resolve_input(self.root + entry.path, self.base_dir, where)
         height, width = self.size

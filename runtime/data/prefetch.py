@@ -211,7 +211,11 @@ class Prefetcher(DataSource):
 
     def get_state(self) -> dict:
         """The source's state after the last batch handed out (not the thread's, which reads
-        ahead)."""
+        ahead); checked against the source first (a snapshot never records a position in a
+        database that changed under the run)."""
+        check = getattr(self.source, "check_unchanged", None)  # databases (data/watch.py)
+        if check is not None:
+            check()
         return self._state
 
     def set_state(self, state: dict) -> None:

@@ -19,6 +19,8 @@ from caffe2jax.frontend.errors import CaffeError
 
 def temp_beside(path: Path) -> Path:
     """A fresh hidden temporary name in ``path``'s folder, for writing then renaming."""
+    if not path.name or path.name in (".", ".."):  # "", ".", "/": no file can be written there
+        raise CaffeError(f"'{path}': not a file name to write (an empty or folder name)")
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 

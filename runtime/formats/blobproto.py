@@ -216,8 +216,13 @@ _C3D_LEGACY = (1, 2, 3, 4, 5)  # num, channels, length, height, width
 
 def blob_layout(scan: Scanner, start: int, end: int) -> str:
     """``"c3d-v1.0"`` when the BlobProto at ``[start, end)`` has a varint field 5 (C3D's
-    width; BVLC's 5 is always the packed or fixed32 ``data``), else ``"bvlc"``."""
-    for field in scan.fields(start, end):
+    width; BVLC's 5 is always the packed or fixed32 ``data``), else ``"bvlc"`` (also for
+    bytes that do not parse: reading them as BVLC's then names the fault)."""
+    try:
+        fields = scan.fields(start, end)
+    except WireError:
+        return BVLC_LAYOUT
+    for field in fields:
         if field.number == 5:
             return C3D_V10_LAYOUT if field.wire == VARINT else BVLC_LAYOUT
     return BVLC_LAYOUT

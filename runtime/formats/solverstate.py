@@ -19,8 +19,16 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path, atomic_write
+from caffe2jax.runtime.formats.paths import (
+    PSEUDO_FILESYSTEMS,
+    existing_ancestor,
+    filesystem_of,
+    name_problem,
+    short,
+)
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+INT_MAX = 2**31 - 1
 
 
 @dataclass
@@ -95,7 +103,24 @@ def read_solverstate(path: str | os.PathLike, max_bytes: int | None = None) -> S
     if not msg.HasField("iter"):
         raise WeightsError(f"{path}: not a SolverState (no iteration recorded)")
     history = [_array(b, path, i) for i, b in enumerate(msg.history)]
-    return SolverStateFile(msg.iter, _learned_net(msg, path), msg.current_step, history)
+    return _checked(SolverStateFile(msg.iter, _learned_net(msg, path), msg.current_step, history),
+                    path)  # fmt: skip
+
+
+def _checked(state: SolverStateFile, path: Path) -> SolverStateFile:
+    """Caffe's counters are ints: an ``iter`` or ``current_step`` outside 0..INT_MAX is not one
+    a solver wrote (Caffe would wrap around or train toward 2^31 iterations)."""
+    for name in ("iter", "current_step"):
+        value = getattr(state, name)
+        if not 0 <= value <= INT_MAX:
+            raise WeightsError(f"{path}: {name} {value} is outside 0..{INT_MAX}; not a snapshot")
+    problem = name_problem(state.learned_net)
+    if not problem and state.learned_net:
+        kind = filesystem_of(existing_ancestor(Path(state.learned_net).parent))
+        problem = f"is on a {kind} file system" if kind in PSEUDO_FILESYSTEMS else ""
+    if problem:
+        raise WeightsError(f"{path}: learned_net {short(state.learned_net)!r}: {problem}")
+    return state
 
 
 def _learned_net(msg: caffe_pb2.SolverState, path: Path) -> str:
@@ -128,12 +153,13 @@ def _read_hdf5(path: Path, max_bytes: int) -> SolverStateFile:
             blobs.append(
                 hdf5_read.read_dataset(item, path, err, where, max_bytes=max_bytes, dtype="f4")
             )
-        return SolverStateFile(
+        state = SolverStateFile(
             _scalar(f, "iter", path, required=True),
             _learned_hdf5(f, path),
             _scalar(f, "current_step", path, required=False),
             blobs,
         )
+    return _checked(state, path)
 
 
 def _scalar(f: h5py.File, name: str, path: Path, *, required: bool) -> int:

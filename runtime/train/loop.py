@@ -29,7 +29,13 @@ from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import make_mesh
 from caffe2jax.runtime.train import snapshots, solvers
 from caffe2jax.runtime.train.compiled import CompiledNet, shared_layers
-from caffe2jax.runtime.train.setup import SOLVER_RULES, net_sources, net_state, read_solver_param
+from caffe2jax.runtime.train.setup import (
+    SOLVER_RULES,
+    long_test_warnings,
+    net_sources,
+    net_state,
+    read_solver_param,
+)
 from caffe2jax.runtime.train.snapshots import resume_path
 from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
 from caffe2jax.runtime.train.step import Trainer, merge
@@ -90,6 +96,8 @@ class SolverLoop:
             for i, net in enumerate(tests)
         ]  # fmt: skip
         self.shares = [shared_layers(self.train.model, t.model) for t in self.tests]
+        for warning in long_test_warnings(p, self.tests):
+            self.log.warning(warning)
         for layer in self.train.model.net.layers:
             if layer.type == "HDF5Output":
                 self.log.warning(
@@ -286,6 +294,9 @@ class SolverLoop:
         loss = 0.0
         blobs = None
         for _ in range(iters):
+            if self.stopped:  # Caffe checks for a stop request before each test batch
+                self.log.info("Test interrupted.")
+                return {}
             net.key, rng = jax.random.split(net.key)
             inputs = net.next_inputs()
             forward = net.program("test", inputs, lambda m: jax.jit(self._forward_fn(m)))
@@ -299,6 +310,8 @@ class SolverLoop:
         self.test_states[index] = NetState(self.test_states[index], carry_of(state))
         self.last_test_env[index] = blobs
         self.tests_run += 1
+        if not iters:  # Caffe's test_iter 0: no batches, no output lines
+            return {}
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")
         return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})

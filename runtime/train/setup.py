@@ -10,6 +10,7 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError, SolverError
 from caffe2jax.frontend.parse import read_message, read_net
 from caffe2jax.frontend.upgrade import upgrade_solver
+from caffe2jax.runtime.formats.paths import check_snapshot_prefix, short
 from caffe2jax.runtime.train.rules import SOLVER_RULES, SOLVER_TYPES  # noqa: F401
 
 
@@ -24,6 +25,9 @@ def read_solver_param(source: Any) -> tuple[caffe_pb2.SolverParameter, Path]:
     except CaffeError as err:
         raise SolverError(str(err)) from None
     folder = Path(source).parent if name != "<string>" else Path(".")
+    problem = check_snapshot_prefix(param.snapshot_prefix)
+    if problem:
+        raise SolverError(f"{name}: snapshot_prefix {short(param.snapshot_prefix)!r}: {problem}")
     return param, folder
 
 
@@ -103,3 +107,19 @@ def check_solver(param: caffe_pb2.SolverParameter, name: str) -> None:
             check(param)
         except ValueError as err:
             raise SolverError(f"{name}: {err}") from None
+
+
+LONG_TEST = 1_000_000  # test batches per pass past which a run says what it is in for
+
+
+def long_test_warnings(param: caffe_pb2.SolverParameter, tests: list[Any]) -> list[str]:
+    """What a test pass of ``test_iter`` batches will do, where that is very many: Caffe runs
+    them all (each test net's Solver::Test), stopping early only on a stop request."""
+    out = []
+    for i, iters in enumerate(param.test_iter[: len(tests)]):
+        if iters > LONG_TEST:
+            out.append(
+                f"test_iter {iters} (test net #{i}): every test pass runs {iters} batches, as "
+                "Caffe does; Ctrl-C (SIGINT) stops it after the current batch"
+            )
+    return out

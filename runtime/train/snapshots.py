@@ -38,7 +38,8 @@ def resume_path(solverstate: Path) -> Path:
 
 def snapshot(loop: SolverLoop) -> tuple[Path, Path] | None:
     """Caffe's Snapshot: weights then solver state, each written atomically (one process
-    writes: its params equal every other's)."""
+    writes: its params equal every other's). Where the data layers stand is taken first: a
+    database that changed under the run refuses it before anything is written."""
     from caffe2jax.runtime.formats.weights import save_weights
 
     p = loop.param
@@ -49,6 +50,7 @@ def snapshot(loop: SolverLoop) -> tuple[Path, Path] | None:
     hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
     weights = Path(snapshot_name(p.snapshot_prefix, loop.iter, hdf5, "caffemodel"))
     weights.parent.mkdir(parents=True, exist_ok=True)
+    record = json.dumps(resume_record(loop))
     kind = "HDF5 file" if hdf5 else "binary proto file"
     loop.log.info(f"Snapshotting to {kind} {weights}")
     model, ts = loop.train.model, loop.ts
@@ -56,7 +58,7 @@ def snapshot(loop: SolverLoop) -> tuple[Path, Path] | None:
     history = solvers.history_blobs(ts.opt_state, learnable_order(model))
     inner = solvers.solver_state(ts.opt_state)
     state_path = Path(snapshot_name(p.snapshot_prefix, loop.iter, hdf5, "solverstate"))
-    atomic_write(resume_path(state_path), json.dumps(resume_record(loop)))
+    atomic_write(resume_path(state_path), record)
     loop.log.info(f"Snapshotting solver state to {kind} {state_path}")
     write_solverstate(
         state_path,

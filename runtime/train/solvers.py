@@ -152,6 +152,9 @@ def check_solver_param(solver_param: Any) -> None:
         )
     if solver_param.iter_size < 1:
         raise ValueError(f"iter_size must be >= 1, got {solver_param.iter_size}")
+    for i, iters in enumerate(solver_param.test_iter):
+        if iters < 0:
+            raise ValueError(f"test_iter {iters} (test net #{i}) must be >= 0")
 
 
 def caffe_solver(

@@ -17,8 +17,11 @@ from typing import Any
 
 import jax
 
+from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.graph import Params
 from caffe2jax.runtime.train.step import Trainer
+
+INT_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ def train_step(
 ) -> tuple[TrainState, Any, Mapping[str, Any], Pass]:
     """One Caffe iteration (iter_size passes and an update): the new state, the loss (mean over
     the passes, still on the device), the last pass's outputs and its :class:`Pass`."""
+    if ts.iteration >= INT_MAX:
+        raise SolverError(
+            f"iteration {ts.iteration}: Caffe's iteration counter is an int and ends at {INT_MAX}"
+        )
     params, state, opt_state, loss, outputs, extra = trainer.step(
         ts.params, ts.state, ts.opt_state, passes, ts.key, ts.iteration
     )

@@ -1,12 +1,14 @@
-"""Runs fuzz cases in a worker subprocess with a memory limit and a time limit per case.
+"""Runs fuzz cases in worker subprocesses with a memory limit and a time limit per case.
 
-The worker (``python -m tests.fuzz.runner --worker ...``) sets ``RLIMIT_AS`` before importing
-anything, builds the seeds, then for each case prints ``S kind i`` and, when it ends, ``R kind
-i status seconds message``. Status: ``ok`` (read fine), ``clean`` (a one-line CaffeError),
-``bad`` (any other exception, MemoryError included: the limit was hit), ``timeout`` (over the
-per-case limit, enforced with SIGALRM). The parent reads those lines; a worker that dies
+A worker (``python -m tests.fuzz.runner --worker ...``) sets ``RLIMIT_AS`` (4 GiB) before
+importing anything, reads the seeds (built once per run by a first worker), then for each case
+prints ``S kind i`` and, when it ends, ``R kind i status seconds message``. Status: ``ok`` (read
+fine), ``clean`` (a one-line CaffeError of at most :data:`MAX_MESSAGE` characters), ``bad``
+(any other exception, MemoryError included: the limit was hit), ``timeout`` (over the
+per-case limit, 60 s, enforced with SIGALRM). The parent reads those lines; a worker that dies
 (signal, abort) or stops answering mid-case is recorded as ``crash``/``hang`` for that case
-and a new worker continues after it.
+and a new worker continues after it. Cases run in chunks (a fresh worker per chunk, so that
+nothing a case leaves behind grows without bound), ``jobs`` workers at a time.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MEMORY_LIMIT = 2 << 30  # bytes of address space for the worker (JAX itself needs ~1 GiB)
-CASE_SECONDS = 10.0  # per case, SIGALRM in the worker
-HANG_SECONDS = 60.0  # the parent's watchdog: no answer at all for this long
-MAX_MESSAGE = 400
+MEMORY_LIMIT = 4 << 30  # bytes of address space for the worker (JAX itself needs ~1.5 GiB)
+CASE_SECONDS = 60.0  # per case, SIGALRM in the worker
+HANG_SECONDS = 90.0  # the parent's watchdog: no answer at all for this long
+MAX_MESSAGE = 240  # a refusal fits a terminal line or two
+CHUNK = {"net": 300, "cli": 60, "pycaffe": 80}  # cases per worker (others: CHUNK_DEFAULT)
+CHUNK_DEFAULT = 250
 
 
 class CaseTimeout(BaseException):
@@ -107,23 +112,29 @@ def _one(fn, seeds, rng, work) -> tuple[str, str]:
 
 def worker(seed: int, plan: list[tuple[str, int, int]], work: Path) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    sys.path.insert(0, str(ROOT))  # the cases change folders
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import logging
 
     logging.disable(logging.CRITICAL)
-    from tests.fuzz.targets import KINDS, make_seeds
+    import jax
+
+    from tests.fuzz.targets import HEAVY, KINDS, make_seeds
 
     signal.signal(signal.SIGALRM, _alarm)
     seeds = make_seeds(work / "seeds")
     for kind, start, count in plan:
-        case_dir = work / kind
+        case_dir = work / f"{kind}.{start}"
         case_dir.mkdir(exist_ok=True)
         for index in range(start, start + count):
             print(f"S {kind} {index}", flush=True)
+            os.chdir(case_dir)  # what a case writes by relative path stays in its folder
             begin = time.perf_counter()
             status, message = _one(KINDS[kind], seeds, case_rng(seed, kind, index), case_dir)
             spent = time.perf_counter() - begin
             print(f"R {kind} {index} {status} {spent:.4f} {message}".replace("\n", " "), flush=True)
+            if kind in HEAVY:
+                jax.clear_caches()
 
 
 # -- parent -------------------------------------------------------------------------------
@@ -137,7 +148,8 @@ def _reader(stream, lines: queue.Queue) -> None:
 
 def _spawn(seed: int, plan: list[tuple[str, int, int]], work: Path) -> subprocess.Popen:
     spec = ",".join(f"{k}:{s}:{n}" for k, s, n in plan if n > 0)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+           "CAFFE2JAX_CACHE_DIR": str(work / "xla-cache")}  # fmt: skip
     return subprocess.Popen(
         [
             sys.executable,
@@ -159,11 +171,9 @@ def _spawn(seed: int, plan: list[tuple[str, int, int]], work: Path) -> subproces
     )
 
 
-def run(counts: dict[str, int], seed: int, work: Path) -> Report:
-    """Run ``counts[kind]`` cases of each kind; a dead worker is replaced after its case."""
-    work.mkdir(parents=True, exist_ok=True)
-    report = Report()
-    plan = [(kind, 0, n) for kind, n in counts.items() if n > 0]
+def _run_plan(seed: int, plan: list[tuple[str, int, int]], work: Path) -> list[Result]:
+    """Run ``plan`` in a worker; a dead worker is replaced after its case."""
+    results: list[Result] = []
     while plan:
         proc = _spawn(seed, plan, work)
         lines: queue.Queue = queue.Queue()
@@ -183,7 +193,7 @@ def run(counts: dict[str, int], seed: int, work: Path) -> Report:
                 if current is not None:
                     spent = time.monotonic() - started
                     code = proc.returncode
-                    report.results.append(Result(*current, status, spent, f"exit {code}"))
+                    results.append(Result(*current, status, spent, f"exit {code}"))
                     done.add(current)
                 break
             tag, kind, index, *rest = line.split(" ", 5)
@@ -192,15 +202,68 @@ def run(counts: dict[str, int], seed: int, work: Path) -> Report:
             elif tag == "R":
                 status, seconds = rest[0], float(rest[1])
                 message = rest[2] if len(rest) > 2 else ""
-                report.results.append(Result(kind, int(index), status, seconds, message))
+                results.append(Result(kind, int(index), status, seconds, message))
                 done.add((kind, int(index)))
                 current = None
         if not done:  # died before its first case: nothing will get further
             err = (work / "worker.err").read_text()[-300:]
             kind, start, _ = plan[0]
-            report.results.append(Result(kind, start, "crash", 0.0, f"worker failed: {err}"))
-            return report
+            results.append(Result(kind, start, "crash", 0.0, f"worker failed: {err}"))
+            return results
         plan = _remaining(plan, done)
+    return results
+
+
+def chunks(counts: dict[str, int], start: int = 0) -> list[list[tuple[str, int, int]]]:
+    """Each kind's cases ``start``.. as plans of at most :data:`CHUNK` cases."""
+    plans = []
+    for kind, n in counts.items():
+        size = CHUNK.get(kind, CHUNK_DEFAULT)
+        plans += [[(kind, i, min(size, start + n - i))] for i in range(start, start + n, size)]
+    return plans
+
+
+def run(
+    counts: dict[str, int],
+    seed: int,
+    work: Path,
+    jobs: int = 2,
+    start: int = 0,
+    sink: Callable[[list[Result]], None] | None = None,
+) -> Report:
+    """Run ``counts[kind]`` cases of each kind (case numbers ``start``..), ``jobs`` workers at
+    a time, after one worker has built the seeds; ``sink`` gets each chunk's results as they
+    come (a long run's partial table)."""
+    work.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    first = _spawn(seed, [], work)
+    first.communicate()
+    if first.returncode:
+        err = (work / "worker.err").read_text()[-300:]
+        report.results.append(Result("seeds", 0, "crash", 0.0, f"seeds failed: {err}"))
+        return report
+    plans = queue.Queue()
+    for plan in sorted(chunks(counts, start), key=lambda p: p[0][0] not in CHUNK):
+        plans.put(plan)  # the slow kinds first, so that the workers finish together
+    lock = threading.Lock()
+
+    def pull() -> None:
+        while True:
+            try:
+                plan = plans.get_nowait()
+            except queue.Empty:
+                return
+            results = _run_plan(seed, plan, work)
+            with lock:
+                report.results.extend(results)
+                if sink is not None:
+                    sink(results)
+
+    threads = [threading.Thread(target=pull) for _ in range(max(1, jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return report
 
 

@@ -10,90 +10,19 @@ from __future__ import annotations
 
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from tests.fuzz import hdf5_cases
+from tests.fuzz.api_cases import api_case
+from tests.fuzz.cli_cases import cli_case
+from tests.fuzz.data_cases import hdf5data_case, imagedata_case, leveldb_case, lmdb_images_case
 from tests.fuzz.mutate import mutate_bytes, mutate_text
-from tests.golden import GOLDEN, ROOT, require
+from tests.fuzz.seeds import Seeds, make_seeds  # noqa: F401 - the worker's entry
 
-FORMATS = GOLDEN / "formats"
-SOLVERS = GOLDEN / "solvers"
-NET_SEEDS = [
-    FORMATS / "format_net.prototxt",
-    SOLVERS / "sgd_fixed" / "net.prototxt",
-    GOLDEN / "nets" / "lenet_train.prototxt",
-    GOLDEN / "nets" / "cifar10_quick_train.prototxt",
-    ROOT / "tests" / "frontend" / "data" / "upgrade_v1_all_types.prototxt",
-    ROOT / "tests" / "frontend" / "data" / "upgrade_v0_net.prototxt",
-]
-SOLVER_SEEDS = ["sgd_fixed", "adam", "sgd_multistep", "nesterov", "sgd_step"]
-POOL_SEED = """name: "pools"
-layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 9 dim: 9 } } }
-layer { name: "ave" type: "Pooling" bottom: "data" top: "ave"
-        pooling_param { pool: AVE kernel_size: 3 pad: 1 stride: 2 } }
-layer { name: "ip" type: "InnerProduct" bottom: "ave" top: "ip" param { name: "w" }
-        inner_product_param { num_output: 4 } }
-layer { name: "ip2" type: "InnerProduct" bottom: "ave" top: "ip2" param { name: "w" }
-        inner_product_param { num_output: 4 } }
-"""
-LIMIT = 1 << 30  # the size check's limit in the worker (its address space is 2 GiB)
-
-
-@dataclass
-class Seeds:
-    work: Path
-    nets: list[str]
-    solvers: list[tuple[str, Path]]
-    model: object
-    caffemodel: bytes
-    caffemodel_h5: bytes
-    layers: hdf5_cases.Layers
-    solverstate: bytes
-    solverstate_h5: bytes
-    binaryproto: bytes
-    lmdb: Path
-
-
-def make_seeds(work: Path) -> Seeds:
-    from caffe2jax.frontend.pipeline import load_net
-    from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.data.datum import array_to_datum
-    from caffe2jax.runtime.data.db import Writer
-    from caffe2jax.runtime.formats.solverstate import read_solverstate, write_solverstate
-
-    work.mkdir(parents=True, exist_ok=True)
-    nets = [require(p).read_text() for p in NET_SEEDS] + [POOL_SEED]
-    solvers = []
-    for name in SOLVER_SEEDS:
-        folder = require(SOLVERS / name)
-        solvers.append(((folder / "solver.prototxt").read_text(), folder / "net.prototxt"))
-    model = Model(load_net(FORMATS / "format_net.prototxt", "TEST"))
-    state = read_solverstate(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate")
-    write_solverstate(work / "seed.solverstate.h5", state, hdf5=True)
-    db = work / "seed_lmdb"
-    if not db.exists():
-        rng = np.random.default_rng(0)
-        with Writer(db) as writer:
-            for i in range(40):
-                image = rng.integers(0, 255, (1, 8, 8)).astype(np.uint8)
-                writer.put(f"{i:08d}", array_to_datum(image, i % 10).SerializeToString())
-    return Seeds(
-        work=work,
-        nets=nets,
-        solvers=solvers,
-        model=model,
-        caffemodel=(FORMATS / "format_net.caffemodel").read_bytes(),
-        caffemodel_h5=(FORMATS / "format_net.caffemodel.h5").read_bytes(),
-        layers=hdf5_cases.read_layers(FORMATS / "format_net.caffemodel.h5"),
-        solverstate=(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate").read_bytes(),
-        solverstate_h5=(work / "seed.solverstate.h5").read_bytes(),
-        binaryproto=(ROOT / "examples" / "digits" / "digits_mean.binaryproto").read_bytes(),
-        lmdb=db,
-    )
+LIMIT = 1 << 30  # the size check's limit in the net cases (besides the worker's own)
 
 
 def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
@@ -110,6 +39,9 @@ def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     model = Model(net)
     summary_lines(model.net)
     check_net_fits(model.net, itemsize=8, available=LIMIT, params=model.graph.decls)
+    check_net_fits(model.net, itemsize=8, params=model.graph.decls)  # the process's own limits
+    if rng.random() < 0.2:  # Caffe's fillers, as `init` runs them
+        model.init(rng.randrange(2**31))
 
 
 def solver_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
@@ -185,19 +117,46 @@ def _solverstate_h5_defect(rng: random.Random, path: Path) -> None:
             del f["iter"]
 
 
+COUNTERS = [0, 1, 2**31 - 1, 2**31, -1, -(2**31), 2**62, -(2**63), 2**63 - 1, 10**15]
+NAMES = ["", "w.caffemodel", "x" * 300, "a/" * 2100, "/proc/self/mem", "/proc/self/fd/0",
+         "/dev/zero", "\u00e9\u00e8.caffemodel", "a\x00b"]  # fmt: skip
+
+
+def _solverstate_edges(rng: random.Random, seeds: Seeds, path: Path) -> None:
+    """A well-formed state whose counters or weights name sit at or past the edges."""
+    from caffe2jax.frontend import caffe_pb2
+
+    if rng.random() < 0.5:
+        msg = caffe_pb2.SolverState()
+        msg.ParseFromString(seeds.solverstate)
+        msg.iter = max(-(2**31), min(2**31 - 1, rng.choice(COUNTERS)))
+        msg.current_step = max(-(2**31), min(2**31 - 1, rng.choice(COUNTERS)))
+        msg.learned_net = rng.choice(NAMES)
+        path.write_bytes(msg.SerializeToString())
+        return
+    path.write_bytes(seeds.solverstate_h5)
+    with h5py.File(path, "r+") as f:
+        name = rng.choice(["iter", "current_step"])
+        del f[name]
+        value = rng.choice(COUNTERS)
+        f[name] = np.array([value], "u8" if value >= 0 and rng.random() < 0.3 else "i8")
+
+
 def solverstate_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """Solver::Restore's reading of a binary or HDF5 .solverstate."""
     from caffe2jax.runtime.formats.solverstate import read_solverstate
 
     path = work / "s.solverstate"
-    choice = rng.randrange(3)
+    choice = rng.randrange(4)
     if choice == 0:
         path.write_bytes(mutate_bytes(rng, seeds.solverstate))
     elif choice == 1:
         path.write_bytes(mutate_bytes(rng, seeds.solverstate_h5))
-    else:
+    elif choice == 2:
         path.write_bytes(seeds.solverstate_h5)
         _solverstate_h5_defect(rng, path)
+    else:
+        _solverstate_edges(rng, seeds, path)
     read_solverstate(path)
 
 
@@ -263,4 +222,12 @@ KINDS = {
     "solverstate": solverstate_case,
     "binaryproto": binaryproto_case,
     "lmdb": lmdb_case,
+    "lmdb_images": lmdb_images_case,
+    "leveldb": leveldb_case,
+    "imagedata": imagedata_case,
+    "hdf5data": hdf5data_case,
+    "cli": cli_case,
+    "pycaffe": api_case,
 }
+# kinds whose cases compile programs: the worker clears JAX's caches after each
+HEAVY = {"net", "cli", "pycaffe"}

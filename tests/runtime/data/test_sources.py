@@ -238,3 +238,15 @@ def test_phase_enum_values_and_deprecated_fields(tmp_path, caplog):
     assert _firsts(source.next_batch()) == [0]  # TEST: no rand_skip, and no scale applied
     with pytest.raises(ValueError, match="phase must be"):
         make_source(text, "VALIDATE")
+
+
+def test_a_batch_past_int_max_is_refused_before_it_is_planned(tmp_path):
+    # batch_size 2^31 - 1 over a small database: one line before any record is listed (the
+    # plan of such a batch was a list of 2^31 records, a hang)
+    db = write_db(tmp_path / "db", numbered_items(3), [0, 1, 2])
+    source = make_source(layer(data_layer(db, 2**31 - 1)), "TRAIN")
+    try:
+        with pytest.raises(DataError, match=r"^layer 'd': top '#0' \[2147483647, 1, 2, 2\] holds"):
+            source.next_batch()
+    finally:
+        source.close()
