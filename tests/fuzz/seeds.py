@@ -4,6 +4,7 @@ of a run: whatever exists in the seeds folder is reused)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,8 +196,10 @@ def make_seeds(work: Path) -> Seeds:
         solvers.append(((folder / "solver.prototxt").read_text(), folder / "net.prototxt"))
     model = Model(load_net(FORMATS / "format_net.prototxt", "TEST"))
     state = read_solverstate(SOLVERS / "sgd_fixed" / "sgd_fixed_iter_5.solverstate")
-    if not (work / "seed.solverstate.h5").exists():  # built once (by the run's first worker):
-        write_solverstate(work / "seed.solverstate.h5", state, hdf5=True)  # workers share it
+    if not (work / "seed.solverstate.h5").exists():  # workers share it: each writes its own
+        own = work / f"seed.{os.getpid()}.solverstate.h5"  # file, renamed in place atomically
+        write_solverstate(own, state, hdf5=True)
+        os.replace(own, work / "seed.solverstate.h5")
     _lmdb(work / "seed_lmdb")
     _digits(work / "digits")
     return Seeds(
