@@ -3,7 +3,8 @@ the step or the forward down).
 
 * digits LeNet (batch 64): a pycaffe ``solver.step(1)`` loop against the CLI's loop
   (``SolverLoop.step(n)``) on the same solver, ms per iteration;
-* CIFAR-10 full deploy at batch 1: pycaffe ``Net.forward()`` (outputs as numpy) against the
+* CIFAR-10 full and GoogLeNet deploy at batch 1: pycaffe ``Net.forward()`` (outputs as
+  numpy) against the
   jitted functional forward (``jax.jit(model.apply)``, outputs fetched to the host).
 
 Median of timed blocks after warm-up, in one process; prints the ratio view / core.
@@ -24,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits"
 CIFAR = ROOT.parent / "shared/caffe/models/examples/cifar10/cifar10_full.prototxt"
+GOOGLENET = ROOT.parent / "shared/caffe/models/models/bvlc_googlenet/deploy.prototxt"
 BLOCKS = 7
 
 
@@ -71,17 +73,16 @@ def step_loops(iters: int = 200, read_loss: bool = False) -> tuple[float, float]
     return result
 
 
-def forwards() -> tuple[float, float]:
+def forwards(prototxt: Path = CIFAR, shape=(1, 3, 32, 32), reps: int = 200) -> tuple[float, float]:
     import caffe2jax
 
-    net = caffe2jax.Net(str(CIFAR), caffe2jax.TEST)
-    net.blobs["data"].reshape(1, 3, 32, 32)
-    x = np.random.default_rng(0).normal(size=(1, 3, 32, 32)).astype(np.float32)
+    net = caffe2jax.Net(str(prototxt), caffe2jax.TEST)
+    net.blobs["data"].reshape(*shape)
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     net.blobs["data"].data[...] = x
-    model = caffe2jax.compile(str(CIFAR), input_shapes={"data": (1, 3, 32, 32)})
+    model = caffe2jax.compile(str(prototxt), input_shapes={"data": shape})
     params, state = model.init(0)
     apply = jax.jit(model.apply)
-    reps = 200
 
     def view():
         for _ in range(reps):
@@ -112,6 +113,11 @@ def main() -> None:
     print(
         f"| CIFAR-10 full deploy b1: Net.forward vs jitted apply | {view:.3f} ms | "
         f"{core:.3f} ms | {view / core:.3f} |"
+    )
+    view, core = forwards(GOOGLENET, (1, 3, 224, 224), reps=20)
+    print(
+        f"| GoogLeNet deploy b1: Net.forward vs jitted apply | {view:.2f} ms | "
+        f"{core:.2f} ms | {view / core:.3f} |"
     )
 
 
