@@ -135,7 +135,7 @@ def caffe2jax_pycaffe(source: Path, folder: Path, workers: int, batches: int) ->
     try:
         net = caffe2jax.Net(str(net_file), caffe2jax.TRAIN)
         result = measure(lambda: np.asarray(net.forward()["data"]), batches)
-        net._feeder.close()
+        net.close()
     finally:
         set_default_workers(None)
     return result
