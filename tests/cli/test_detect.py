@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import cv2
 import numpy as np
 import pytest
 
@@ -14,8 +15,6 @@ import caffe2jax
 from caffe2jax.runtime.formats.weights import save_weights
 from tests.cli_runner import run_cli
 from tests.golden import ROOT
-
-cv2 = pytest.importorskip("cv2")
 
 EXAMPLE = ROOT / "examples" / "detection"
 TINY_SSD = EXAMPLE / "tiny_ssd.prototxt"

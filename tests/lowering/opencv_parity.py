@@ -3,13 +3,11 @@ weights: caffe2jax's initial weights written as a .caffemodel that OpenCV loads.
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
-import pytest
 
 import caffe2jax
 from caffe2jax.runtime.formats.weights import save_weights
-
-cv2 = pytest.importorskip("cv2")
 
 
 def both(tmp_path, text: str, inputs: dict, outputs: list[str], phase="TEST", seed=0, cv_text=None):

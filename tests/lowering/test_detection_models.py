@@ -6,6 +6,7 @@ is not one of the detection layers (other families of issue 22)."""
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -15,8 +16,6 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.runtime.formats.weights import save_weights
 from tests.forks import FORK_MODELS, manifest
-
-cv2 = pytest.importorskip("cv2")
 
 DETECTION_LAYERS = {
     "Normalize", "Permute", "PriorBox", "DetectionOutput", "ROIPooling", "PSROIPooling",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -12,8 +13,6 @@ import caffe2jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.runtime.detections import Detection, detect, from_detection_output, from_rcnn
 from caffe2jax.runtime.formats.weights import save_weights
-
-cv2 = pytest.importorskip("cv2")
 
 TINY_SSD = Path(__file__).resolve().parents[2] / "examples" / "detection" / "tiny_ssd.prototxt"
 

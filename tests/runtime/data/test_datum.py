@@ -142,7 +142,8 @@ def test_blobproto_errors(tmp_path):
 
 
 def test_decoding_matches_opencv():
-    cv2 = pytest.importorskip("cv2")
+    import cv2  # a dependency of caffe2jax: a missing one fails
+
     bgr = RNG.integers(0, 256, (9, 11, 3), dtype=np.uint8)
     png = cv2.imencode(".png", bgr)[1].tobytes()
     assert np.array_equal(decode_image(png, "color"), bgr.transpose(2, 0, 1))
@@ -154,7 +155,8 @@ def test_decoding_matches_opencv():
 
 
 def test_resize_matches_opencv_bilinear():
-    cv2 = pytest.importorskip("cv2")
+    import cv2  # a dependency of caffe2jax: a missing one fails
+
     for (h, w), (new_h, new_w) in [((8, 8), (28, 28)), ((37, 29), (16, 20)), ((64, 64), (32, 32))]:
         img = RNG.integers(0, 256, (h, w, 3), dtype=np.uint8)
         ref = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)

@@ -90,7 +90,8 @@ def test_labels_are_resized_nearest_neighbour(tmp_path):
 
 
 def test_nearest_taps_match_opencv():
-    cv2 = pytest.importorskip("cv2")  # the NumPy fallback of resize_nearest, checked
+    import cv2  # a dependency of caffe2jax: a missing one fails
+
     for src, dst in [(6, 9), (8, 5), (360, 45), (7, 7 * 3), (1024, 128), (5, 1)]:
         row = np.arange(src, dtype=np.uint8)[None] % 251
         got = cv2.resize(row, (dst, 1), interpolation=cv2.INTER_NEAREST)[0]

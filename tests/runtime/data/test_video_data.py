@@ -97,7 +97,8 @@ def test_sampling_rate_and_temporal_jitter(tmp_path):
 
 def write_avi(path, frames=10, size=(16, 24)):
     """An MJPG AVI of random frames; returns the frames OpenCV decodes from it, (3, F, H, W)."""
-    cv2 = pytest.importorskip("cv2")
+    import cv2  # a dependency of caffe2jax: a missing one fails
+
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 25, size[::-1])
     for _ in range(frames):
         writer.write(RNG.integers(0, 256, (*size, 3), dtype=np.uint8))

@@ -8,6 +8,7 @@ layer ignored) and out again as the deploy caffemodel OpenCV loads.
 
 from __future__ import annotations
 
+import cv2
 import jax
 import numpy as np
 import pytest
@@ -15,8 +16,6 @@ import pytest
 import caffe2jax
 from caffe2jax.runtime.formats.weights import load_weights, save_weights
 from tests.golden import GOLDEN, require
-
-cv2 = pytest.importorskip("cv2")
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
