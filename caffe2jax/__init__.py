@@ -43,6 +43,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
     "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
     "label_map": ("caffe2jax.runtime.segment", "label_map"),
+    "ctc_greedy_decode": ("caffe2jax.runtime.ctc_decode", "ctc_greedy_decode"),
     **{
         name: ("caffe2jax.pycaffe.solver", name)
         for name in (

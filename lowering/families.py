@@ -2,6 +2,7 @@
 
 from caffe2jax.lowering import (  # noqa: F401
     common,
+    ctc,
     data,
     detection,
     detection_output,
@@ -13,6 +14,7 @@ from caffe2jax.lowering import (  # noqa: F401
     memory_loss,
     neuron,
     normalization,
+    ohem,
     pooling,
     proposal,
     python_layer,

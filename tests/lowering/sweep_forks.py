@@ -80,3 +80,43 @@ FORK_SWEEP = {
     "ReLU6": _input("x", 2, 3) + 'layer { name: "r" type: "ReLU6" bottom: "x" top: "y" }',
     "Mish": _input("x", 2, 3) + 'layer { name: "m" type: "Mish" bottom: "x" top: "y" }',
 }
+
+# CRNN (lowering/ctc.py): the inputs are ones, so the labels read "1 1" (T = 4 aligns them)
+FORK_SWEEP["CtcLoss"] = (
+    _input("x", 4, 2, 3)
+    + _input("label", 2, 2)
+    + 'layer { name: "c" type: "CtcLoss" bottom: "x" bottom: "label" top: "loss" '
+    "ctc_loss_param { alphabet_size: 3 time_step: 4 blank_label: 0 } }"
+)
+FORK_SWEEP["LabelsequenceAccuracy"] = (
+    _input("x", 2, 4, 3)
+    + _input("label", 2, 2)
+    + 'layer { name: "a" type: "LabelsequenceAccuracy" bottom: "x" bottom: "label" top: "acc" '
+    "labelsequence_accuracy_param { blank_label: 0 } }"
+)
+
+# R-FCN's OHEM layers (lowering/ohem.py), shaped as py-R-FCN's train_agnostic_ohem.prototxt
+FORK_SWEEP["SoftmaxWithLossOHEM"] = (
+    _input("score", 4, 3)
+    + _input("labels", 4, 1, 1, 1)
+    + 'layer { name: "s" type: "SoftmaxWithLossOHEM" bottom: "score" bottom: "labels" '
+    'top: "loss" top: "prob" top: "per_roi" loss_weight: 1 loss_weight: 0 loss_weight: 0 '
+    "loss_param { ignore_label: -1 } }"
+)
+FORK_SWEEP["SmoothL1LossOHEM"] = (
+    _input("pred", 4, 8, 1, 1)
+    + _input("target", 4, 8, 1, 1)
+    + _input("w", 4, 8, 1, 1)
+    + 'layer { name: "s" type: "SmoothL1LossOHEM" bottom: "pred" bottom: "target" bottom: "w" '
+    'top: "loss" top: "per_roi" loss_weight: 1 loss_weight: 0 '
+    "loss_param { normalization: PRE_FIXED pre_fixed_normalizer: 128 } }"
+)
+FORK_SWEEP["BoxAnnotatorOHEM"] = (
+    _input("rois", 4, 5, 1, 1)
+    + _input("loss", 4, 1, 1, 1)
+    + _input("labels", 4, 1, 1, 1)
+    + _input("w", 4, 8, 1, 1)
+    + 'layer { name: "b" type: "BoxAnnotatorOHEM" bottom: "rois" bottom: "loss" '
+    'bottom: "labels" bottom: "w" top: "labels_ohem" top: "w_ohem" '
+    "box_annotator_ohem_param { roi_per_img: 2 ignore_label: -1 } }"
+)
