@@ -147,3 +147,76 @@ def test_box_annotator_ohem_keeps_each_images_hardest_rois():
 def test_box_annotator_ohem_refuses_other_shapes():
     with pytest.raises(NetError, match="rois \\(num, 5, H, W\\)"):
         compile_net(_annotator_text({"rois": (7, 4), "loss": (7,), "labels": (7,), "w": (7, 8)}))
+
+
+# -- the OHEM head of py-R-FCN's ResNet-50 train_agnostic_ohem.prototxt, read in place --------
+
+RFCN = "rfcn_resnet50_voc_train_ohem.prototxt"
+#: what the RPN / proposal-target layers give the head: 300 rois of one image, 21 classes
+HEAD_INPUTS = {"cls_score": (300, 21, 1, 1), "bbox_pred": (300, 8, 1, 1),
+               "rois": (300, 5, 1, 1), "labels": (300, 1, 1, 1),
+               "bbox_targets": (300, 8, 1, 1), "bbox_inside_weights": (300, 8, 1, 1),
+               "bbox_outside_weights": (300, 8, 1, 1)}  # fmt: skip
+
+
+def _rfcn_head() -> str:
+    """The fork file's layers from per_roi_loss_cls on (OHEM losses, Eltwise, the annotator,
+    Silence, the final SoftmaxWithLoss / Accuracy / SmoothL1LossOHEM), fed by Input layers."""
+    from google.protobuf import text_format
+
+    from caffe2jax.frontend.parse import read_net
+    from tests.forks import FORK_MODELS
+
+    full = read_net(FORK_MODELS / RFCN)
+    names = [layer.name for layer in full.layer]
+    head = full.layer[names.index("per_roi_loss_cls") :]
+    assert [layer.type for layer in head] == [
+        "SoftmaxWithLossOHEM", "SmoothL1LossOHEM", "Eltwise", "BoxAnnotatorOHEM", "Silence",
+        "SoftmaxWithLoss", "Accuracy", "SmoothL1LossOHEM",
+    ]  # fmt: skip
+    return net("".join(f"layer {{ {text_format.MessageToString(x, as_one_line=True)} }}\n"
+                       for x in head), HEAD_INPUTS)  # fmt: skip
+
+
+def test_rfcn_ohem_head_from_the_fork_prototxt():
+    """128 hardest of 300 rois (per-roi softmax + smooth-L1 loss) keep their labels and bbox
+    weights; loss_cls averages the softmax loss over them, loss_bbox sums their smooth-L1 / 128
+    (PRE_FIXED), and only they get gradients."""
+    rng = np.random.default_rng(4)
+    feed = {k: rng.standard_normal(s).astype(np.float32) for k, s in HEAD_INPUTS.items()}
+    feed["rois"][:, 0] = 0
+    feed["labels"] = rng.integers(0, 21, (300, 1, 1, 1)).astype(np.float32)
+    feed["bbox_inside_weights"] = (feed["labels"] > 0) * np.ones((300, 8, 1, 1), np.float32)
+    model = compile_net(_rfcn_head(), phase="TRAIN")
+    params, state = model.init(0)
+    blobs, _ = model.apply(params, state, feed)
+    score = feed["cls_score"][:, :, 0, 0].astype(np.float64)
+    logp = score - np.log(np.exp(score).sum(axis=1, keepdims=True))
+    lab = feed["labels"].ravel().astype(int)
+    cls = -logp[np.arange(300), lab]
+    d = feed["bbox_inside_weights"] * (feed["bbox_pred"] - feed["bbox_targets"])
+    l1 = np.where(np.abs(d) < 1, 0.5 * d * d, np.abs(d) - 0.5).sum(axis=(1, 2, 3))
+    hard = np.argsort(-(cls + l1), kind="stable")[:128]
+    keep = np.zeros(300, bool)
+    keep[hard] = True
+    np.testing.assert_array_equal(np.asarray(blobs["labels_ohem"]).ravel(), np.where(keep, lab, -1))
+    np.testing.assert_allclose(blobs["loss_cls"], cls[keep].mean(), rtol=1e-5)
+    np.testing.assert_allclose(blobs["loss_bbox"], l1[keep].sum() / 128, rtol=1e-5)
+    grads = jax.grad(lambda x: model.loss(params, state, {**feed, "cls_score": x})[0])(
+        jnp.asarray(feed["cls_score"])
+    )
+    assert np.all(np.any(np.asarray(grads)[keep] != 0, axis=1))
+    assert not np.any(np.asarray(grads)[~keep])
+
+
+def test_rfcn_train_net_stops_only_at_layers_outside_ohem():
+    """The whole fork file: what stops its compile is named, and is not an OHEM layer (today
+    SmoothL1Loss in its R-CNN form and py-R-FCN's Python layers, built by other branches)."""
+    from tests.forks import FORK_MODELS
+
+    try:
+        compile_net(str(FORK_MODELS / RFCN), phase="TRAIN")
+    except NetError as err:
+        message = str(err)
+        assert "OHEM" not in message, message
+        assert "(type SmoothL1Loss)" in message or "(type Python)" in message, message
