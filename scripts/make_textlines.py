@@ -103,9 +103,10 @@ def rewrite_net(out: Path, batch: int, width: float) -> Path:
 
 def write_solver(out: Path, net: Path, args: argparse.Namespace) -> Path:
     path = out / "crnn_solver.prototxt"
+    testing = (f"test_iter: {max(1, args.test // args.batch)}\n"
+               f"test_interval: {args.test_interval}\n") if args.test_interval else ""  # fmt: skip
     path.write_text(
-        f'net: "{net.resolve()}"\n'
-        f"test_iter: {max(1, args.test // args.batch)}\ntest_interval: {args.test_interval}\n"
+        f'net: "{net.resolve()}"\n{testing}'
         f'base_lr: {args.lr}\nlr_policy: "multistep"\nstepvalue: {int(args.iters * 0.8)}\n'
         f"gamma: 0.1\ndisplay: {args.display}\nmax_iter: {args.iters}\nmomentum: 0.9\n"
         f"weight_decay: 0.0005\nclip_gradients: 520\nsnapshot: {args.snapshot}\n"
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=float, default=0.25)
     parser.add_argument("--iters", type=int, default=600)
     parser.add_argument("--lr", type=float, default=0.001)
-    parser.add_argument("--test-interval", type=int, default=100)
+    parser.add_argument("--test-interval", type=int, default=100, help="0: no test net")
     parser.add_argument("--display", type=int, default=20)
     parser.add_argument("--snapshot", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
