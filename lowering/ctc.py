@@ -7,9 +7,10 @@
   activations by it) and ``time_step`` (> 0) is every sequence's input length: warp-ctc reads
   the first ``time_step`` steps only. The fork's LossLayer drops BVLC's first-dimension check.
 * Labels are truncated to int; every entry equal to ``blank_label`` is dropped wherever it
-  stands (padding need not be trailing), the others keep their order. A label outside
-  [0, alphabet_size) is a CHECK failure in the fork; here it makes the loss NaN, as does a
-  batch whose labels are all blank (the fork's "total length should be greater than 0").
+  stands (padding need not be trailing), the others keep their order. Any entry (padding
+  included) outside [0, alphabet_size) is a CHECK failure in the fork; here it makes the loss
+  NaN, as does a batch whose labels are all blank (the fork's "total length should be greater
+  than 0"). ``blank_label`` itself must be a class (warp-ctc reads its probability).
 * A sequence that cannot be aligned (length + repeated neighbours > time_step) costs 0 and gets
   no gradient (warp-ctc returns 0 and leaves its gradient rows unwritten).
 * Forward: Σ_n −log p(l_n | x_n) / N.
@@ -58,19 +59,18 @@ def _mean_bwd(n, _, g):
 _mean_with_sum_gradient.defvjp(_mean_fwd, _mean_bwd)
 
 
+def keep_slots(lengths: jax.Array, width: int) -> jax.Array:
+    """(N, width) mask of the first ``lengths[n]`` slots of each row."""
+    return jnp.arange(width)[None, :] < lengths[:, None]
+
+
 def compact(labels: jax.Array, keep: jax.Array, fill: int = -1) -> tuple[jax.Array, jax.Array]:
     """Move the kept entries of each row to its front, in order; the rest become ``fill``.
     Returns (rows, lengths)."""
     order = jnp.argsort(~keep, axis=1, stable=True)
     moved = jnp.take_along_axis(labels, order, axis=1)
     lengths = jnp.sum(keep, axis=1)
-    slots = jnp.arange(labels.shape[1])[None, :] < lengths[:, None]
-    return jnp.where(slots, moved, fill), lengths
-
-
-def keep_slots(lengths: jax.Array, width: int) -> jax.Array:
-    """(N, width) mask of the first ``lengths[n]`` slots of each row."""
-    return jnp.arange(width)[None, :] < lengths[:, None]
+    return jnp.where(keep_slots(lengths, labels.shape[1]), moved, fill), lengths
 
 
 def greedy_decode(scores: jax.Array, blank_label: int) -> tuple[jax.Array, jax.Array]:
@@ -93,6 +93,9 @@ def _check_ctc(layer: ir.Layer, x: jax.Array, label: jax.Array) -> int:
     if p.alphabet_size != x.shape[2]:
         raise fail(layer, f"alphabet_size ({p.alphabet_size}) must equal the activations' "
                           f"class axis C = {x.shape[2]}")  # fmt: skip
+    if not 0 <= p.blank_label < p.alphabet_size:
+        raise fail(layer, f"blank_label ({p.blank_label}) must be in [0, alphabet_size = "
+                          f"{p.alphabet_size})")  # fmt: skip
     if not 0 < p.time_step <= x.shape[0]:
         raise fail(layer, f"time_step ({p.time_step}) must be in [1, T = {x.shape[0]}] for "
                           f"activations {list(x.shape)} (T, N, C)")  # fmt: skip
@@ -117,7 +120,7 @@ def ctc_loss(layer, params, bottoms, ctx):
     cost = optax.ctc_loss(logits, jnp.zeros(logits.shape[:2], logits.dtype), flat, paddings,
                           blank_id=p.blank_label)  # fmt: skip
     total = jnp.sum(jnp.where(feasible, cost, 0)).astype(x.dtype)
-    bad = jnp.any(keep & ((lab < 0) | (lab >= x.shape[2]))) | (jnp.sum(lengths) == 0)
+    bad = jnp.any((lab < 0) | (lab >= x.shape[2])) | (jnp.sum(lengths) == 0)
     return [jnp.where(bad, jnp.nan, _mean_with_sum_gradient(total, x.shape[1]))]
 
 

@@ -128,6 +128,7 @@ def test_ctc_loss_bad_labels_give_nan(label, why):
         ((3, 2, 3), (2, 2), "alphabet_size: 3 time_step: 4", "time_step (4) must be in"),
         ((3, 2, 3), (2, 2), "alphabet_size: 3", "time_step (0) must be in"),
         ((3, 2, 3), (3, 2), "alphabet_size: 3 time_step: 3", "one row per sequence"),
+        ((3, 2, 3), (2, 2), "alphabet_size: 3 time_step: 3 blank_label: 3", "blank_label (3)"),
     ],
 )
 def test_ctc_loss_refuses_what_the_fork_checks(shape, label_shape, param, message):
