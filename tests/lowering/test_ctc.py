@@ -95,6 +95,7 @@ def test_ctc_loss_diff_is_n_times_the_gradient_of_the_top():
         model = compile_net(_ctc_text(x0.shape, label.shape, 0, steps=3), dtype=jnp.float64)
         params, state = model.init(0)
 
+        @jax.jit
         def top(x):
             return model.apply(params, state, {"x": x, "label": label})[0]["loss"]
 
