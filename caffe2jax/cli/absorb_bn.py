@@ -8,6 +8,7 @@ convolution's weights and removed from the net. Existing outputs are replaced on
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from google.protobuf import text_format
 
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     for path in (args.out_model, args.out_weights):
         refuse_overwrite(path, args.force)
+        if not Path(path).resolve().parent.is_dir():  # told now, not after the whole run
+            raise NetError(f"{path}: its folder does not exist")
     _, dialect = read_param(args.model, args.dialect)
     net = Net(args.model, "TEST", weights=args.weights, dialect=args.dialect)
     try:

@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     outputs = [args.out] + ([args.inference_prototxt] if args.inference_prototxt else [])
     for path in outputs:
         refuse_overwrite(path, args.force)
+        if not Path(path).resolve().parent.is_dir():  # told now, not after the whole run
+            raise NetError(f"{path}: its folder does not exist")
     if args.iters is not None and args.iters < 1:
         raise NetError(f"--iters must be at least 1, got {args.iters}")
     _, dialect = read_param(args.model)
