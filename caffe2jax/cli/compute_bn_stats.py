@@ -75,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     stats, bns = bn_stats.statistics_net(load_param(args.model))
     base_dir = Path(args.model).parent
     iters = args.iters or _default_iterations(stats, base_dir)
+    data_top = next((ly.top[0] for ly in stats.layer if ly.type.endswith("Data")), None)
+    if args.inference_prototxt and data_top is None:
+        raise NetError("--inference-prototxt replaces the net's data layer by an input, and "
+                       "the net has no data layer")  # fmt: skip
     net = Net(stats, "TEST", weights=args.weights, base_dir=base_dir, dialect=dialect)
     try:
         averager = bn_stats.Averager(bns)
@@ -90,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
         net.save(args.out)
         print(f"Wrote {len(bns)} BN layers' folded statistics ({iters} batches) to {args.out}")
         if args.inference_prototxt:
-            data_top = next(layer.top[0] for layer in stats.layer if layer.type.endswith("Data"))
             shape = (1, *net.blobs[data_top].data.shape[1:])
             text = text_format.MessageToString(bn_stats.inference_net(stats, shape))
             atomic_write(args.inference_prototxt, text, overwrite=args.force)
