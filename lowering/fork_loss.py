@@ -5,7 +5,9 @@
   ``class_weighting[label]`` when ``weight_by_label_freqs`` is true (one weight per class,
   checked); the ``ignore_label`` pixels do not count.
 * The sum is divided by the number of counted pixels when ``normalize`` (SegNet's default:
-  **true**), else by the batch size. The count is not clamped: a batch with every pixel
+  **true**), else by the batch size: the plain count, not the sum of the weights (read in
+  both softmax_loss_layer.cpp and .cu of caffe-segnet@344c113: ``++count`` / ``counts[i] =
+  1`` per non-ignored pixel). The count is not clamped: a batch with every pixel
   ignored gives 0/0, as in the fork.
 * The backward, ``class_weighting[label]·(p − onehot)`` over the same divisor, is the true
   gradient of this forward (the clamp aside, which Caffe's backward ignores too).

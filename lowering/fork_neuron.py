@@ -11,8 +11,9 @@ SpatialDropout Python layer as a built-in.
   ``spatial_dropout``, layer ``SpatialDropoutLayer``): the phase is the ``'phase'`` of its
   ``param_str`` (not the net's). ``'TRAIN'``: each (sample, channel) plane is kept with
   probability ``1 − p`` and scaled by ``1/(1 − p)``. Any other phase: ``y = x/(1 − p)`` (the
-  fork scales at TEST too). A user's own ``register_python_layer('spatial_dropout', ...)``
-  replaces this one.
+  fork scales at TEST too). A built-in (``register_builtin_python_layer``): a user's own
+  ``register_python_layer('spatial_dropout', ...)``, or their own ``spatial_dropout`` module
+  on sys.path (run as Caffe runs it), replaces this one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.lowering.python_layer import register_python_layer
+from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.registry import Context, register
 
 Arrays = Sequence[jax.Array]
@@ -106,10 +107,10 @@ def _channel_drop_bwd(scale, res, dy):
 _channel_drop.defvjp(_channel_drop_fwd, _channel_drop_bwd)
 
 
-@register_python_layer("spatial_dropout", "SpatialDropoutLayer")
-def spatial_dropout(bottoms: list, params: list, param_str: str, ctx) -> list[jax.Array]:
+def spatial_dropout(layer: ir.Layer, params: list, bottoms: list, ctx) -> list[jax.Array]:
     """ENet's SpatialDropoutLayer (module docstring)."""
-    where = f"layer '{ctx.layer_name}' (Python spatial_dropout.SpatialDropoutLayer): "
+    param_str = layer.param.python_param.param_str
+    where = f"layer '{layer.name}' (Python spatial_dropout.SpatialDropoutLayer): "
     if len(bottoms) != 1:
         raise NetError(f"{where}SpatialDropout takes one bottom, got {len(bottoms)}")
     (x,) = bottoms
@@ -119,3 +120,6 @@ def spatial_dropout(bottoms: list, params: list, param_str: str, ctx) -> list[ja
         return [x * jnp.asarray(scale, x.dtype)]
     keep = jax.random.bernoulli(ctx.key(), 1.0 - p, x.shape[:2] + (1,) * (x.ndim - 2))
     return [_channel_drop(x, keep.astype(x.dtype), scale)]
+
+
+register_builtin_python_layer("spatial_dropout", "SpatialDropoutLayer", spatial_dropout)

@@ -2,6 +2,8 @@
 ``add(subparsers)``; ``timing`` holds the `time` verb's measurements, ``logs`` Caffe's log lines."""
 
 COMMANDS: list[str] = [
+    "absorb_bn",
+    "compute_bn_stats",
     "compute_image_mean",
     "convert_imageset",
     "convert_weights",

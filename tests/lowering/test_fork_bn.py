@@ -93,6 +93,31 @@ def test_pspnet_train_normalises_with_the_batch_and_updates_by_momentum():
     np.testing.assert_allclose(state["bn"][3], 0.95 * var + 0.05 * bvar, rtol=1e-5)
 
 
+def test_pspnet_running_statistics_move_in_a_solver_step_and_are_not_trained():
+    """Through the compiled train step (runtime/train/step.py): the running blobs become
+    momentum·blob + (1 − momentum)·batch statistic; the solver leaves them out (lr 0)."""
+    from caffe2jax.frontend import caffe_pb2
+    from caffe2jax.runtime.train.step import Trainer
+
+    layers = (PSPNET % "momentum: 0.9 slope_filler { type: 'constant' value: 1 }") + (
+        '\nlayer { name: "loss" type: "SoftmaxWithLoss" bottom: "y" bottom: "label" top: "loss" }'
+    )
+    text = net(layers, {"x": X.shape, "label": (2, 1, 4, 5)})
+    model = compile_net(text, phase="TRAIN")
+    params, state = model.init(0)
+    trainer = Trainer(model, caffe_pb2.SolverParameter(base_lr=0.5, lr_policy="fixed"),
+                      params, state)  # fmt: skip
+    batch = [{"x": X, "label": np.zeros((2, 1, 4, 5), np.float32)}]
+    opt = trainer.init(params, state)
+    new_params, new_state, *_ = trainer.step(params, state, opt, batch, jax.random.key(0), 0)
+    x = X.astype(np.float64)
+    np.testing.assert_allclose(np.ravel(new_state["bn"][2]), 0.1 * x.mean(axis=(0, 2, 3)),
+                               rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(np.ravel(new_state["bn"][3]), 0.1 * x.var(axis=(0, 2, 3)),
+                               rtol=1e-5)  # fmt: skip
+    assert not np.allclose(new_params["bn"][0], params["bn"][0])  # slope trained
+
+
 def test_pspnet_blobs():
     model = compile_net(net(PSPNET % "frozen: true", {"x": X.shape}))
     assert [d.shape for d in model.graph.decls["bn"]] == [(1, 3, 1, 1)] * 4

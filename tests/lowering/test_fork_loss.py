@@ -3,6 +3,8 @@ default true) against the fork's formula in NumPy, and float64 finite difference
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -53,6 +55,28 @@ def test_segnet_softmax_loss_by_formula(param, weighted, normalize):
     assert compile_net(text).net.layers[-1].form == "segnet"
     loss = ours(text, {"x": X, "label": LABEL})["loss"]
     np.testing.assert_allclose(loss, _expected(weighted, normalize), rtol=1e-5)
+
+
+def test_segnet_divisor_is_the_counted_pixels_not_the_weight_sum():
+    """Hand-worked, as caffe-segnet's softmax_loss_layer.cpp and .cu divide: two classes, equal
+    scores (p = 1/2 everywhere), labels [0, 1, ignored], weights [1, 3]: the loss is
+    (1·ln 2 + 3·ln 2) / 2 counted pixels = 2 ln 2 (a weight-sum divisor would give ln 2); the
+    gradient at each counted pixel is weight·(p − onehot) / 2, zero at the ignored one."""
+    text = ('layer { name: "loss" type: "SoftmaxWithLoss" bottom: "x" bottom: "label" '
+            'top: "loss" loss_param { weight_by_label_freqs: true ignore_label: 7 '
+            "class_weighting: 1 class_weighting: 3 } }")  # fmt: skip
+    x, label = np.zeros((1, 2, 1, 3), np.float32), np.array([[[[0, 1, 7]]]], np.float32)
+    text = net(text, {"x": x.shape, "label": label.shape})
+    np.testing.assert_allclose(ours(text, {"x": x, "label": label})["loss"], 2 * np.log(2),
+                               rtol=1e-6)  # fmt: skip
+    model = compile_net(text)
+    params, state = model.init(0)
+
+    def loss(v):
+        return model.apply(params, state, {"x": v, "label": jnp.asarray(label)})[0]["loss"]
+
+    expected = [[[[-0.25, 0.75, 0]], [[0.25, -0.75, 0]]]]
+    np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(x)), expected, rtol=1e-6)
 
 
 def test_segnet_softmax_loss_gradient():

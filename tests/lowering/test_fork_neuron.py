@@ -4,6 +4,9 @@ float64 finite differences."""
 
 from __future__ import annotations
 
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,6 +96,31 @@ def test_spatial_dropout_backward_uses_the_last_samples_mask():
 def test_spatial_dropout_bad_param_str_is_one_line():
     with pytest.raises(NetError, match=r"layer 'y' .*SpatialDropout's p must be between 0 and 1"):
         compile_net(_one(SPATIAL % ("TEST", "1.5")))
+
+
+USER_SPATIAL_DROPOUT = """
+import caffe2jax as caffe
+
+
+class SpatialDropoutLayer(caffe.Layer):
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = -1
+"""
+
+
+def test_a_users_own_spatial_dropout_module_wins(tmp_path, monkeypatch):
+    """The built-in runs only when no spatial_dropout module is on sys.path (as proposal.py)."""
+    (tmp_path / "spatial_dropout.py").write_text(textwrap.dedent(USER_SPATIAL_DROPOUT))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "spatial_dropout", raising=False)
+    try:
+        y = ours(_one(SPATIAL % ("TEST", "0.3")), {"x": X})["y"]
+        np.testing.assert_array_equal(y, -np.ones_like(X))
+    finally:
+        sys.modules.pop("spatial_dropout", None)
 
 
 DROPOUT = '"Dropout" dropout_param { dropout_ratio: 0.25 %s }'
