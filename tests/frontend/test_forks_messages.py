@@ -41,7 +41,6 @@ def test_unknown_v1_type_names_the_forks_read():
     [
         ('type: "DenseCRF" dense_crf_param { max_iter: 5 }',
          "the DenseCRF layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
-        ('type: "MultiBoxLoss"', "a training layer of SSD (weiliu89/caffe@4817bf8"),
         ('type: "VoxelCustomLoss"', "a training layer of C3D v1.0 (facebook/C3D@71336a2"),
         ('type: "MatRead"', "a training layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2)"),
         ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
@@ -69,4 +68,4 @@ def test_other_unknown_types_keep_the_usual_message():
 def test_forms_narrow_the_fork_named():
     assert "of SegNet" in unsupported_fork_type("Upsample", "max_unpool")
     assert "of darknet2caffe" in unsupported_fork_type("Upsample", "nearest")
-    assert "training layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
+    assert "SmoothL1Loss layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
