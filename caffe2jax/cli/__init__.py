@@ -3,6 +3,7 @@
 
 COMMANDS: list[str] = [
     "compute_image_mean",
+    "convert_annoset",
     "convert_imageset",
     "convert_weights",
     "detect",
