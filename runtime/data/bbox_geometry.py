@@ -18,6 +18,7 @@ util/im_transforms.cpp), on normalized ``[xmin, ymin, xmax, ymax]`` float32 arra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -100,44 +101,67 @@ def meet_emit(crop: np.ndarray, boxes: np.ndarray, emit: caffe_pb2.EmitConstrain
     return coverage(boxes, crop) > _F(emit.emit_overlap)
 
 
-def sample_box(sampler: caffe_pb2.Sampler, rng: np.random.Generator) -> np.ndarray:
-    """``SampleBBox``: a random box in [0, 1]²."""
-    scale = _F(rng.uniform(sampler.min_scale, sampler.max_scale))
-    ratio = _F(rng.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio))
-    ratio = min(max(ratio, scale * scale), _F(1) / (scale * scale))
-    width, height = scale * np.sqrt(ratio, dtype=_F), scale / np.sqrt(ratio, dtype=_F)
-    # at the clamp, a float32 side may pass 1 by an ulp: the corner is then 0
-    w_off = _F(rng.uniform(0, max(0.0, float(1 - width))))
-    h_off = _F(rng.uniform(0, max(0.0, float(1 - height))))
-    return np.array([w_off, h_off, w_off + width, h_off + height], _F)
+def sample_box(sampler: caffe_pb2.Sampler, rng: np.random.Generator) -> tuple[float, ...]:
+    """``SampleBBox``: a random box in [0, 1]² (plain floats: the samplers draw hundreds of
+    boxes per image, and numpy's per-call cost would dominate)."""
+    scale = rng.uniform(sampler.min_scale, sampler.max_scale)
+    ratio = rng.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio)
+    ratio = min(max(ratio, scale * scale), 1 / (scale * scale))
+    width, height = scale * math.sqrt(ratio), scale / math.sqrt(ratio)
+    # at the clamp, a side may pass 1 by rounding: the corner is then 0
+    w_off = rng.uniform(0, max(0.0, 1 - width))
+    h_off = rng.uniform(0, max(0.0, 1 - height))
+    return (w_off, h_off, w_off + width, h_off + height)
 
 
-def satisfies(box: np.ndarray, objects: np.ndarray, constraint: caffe_pb2.SampleConstraint) -> bool:
+def _area(b: tuple[float, ...]) -> float:
+    w, h = b[2] - b[0], b[3] - b[1]
+    return 0.0 if w < 0 or h < 0 else w * h
+
+
+def _inter(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:
+    """Width and height of ``IntersectBBox`` (0, 0 when apart)."""
+    if b[0] > a[2] or b[2] < a[0] or b[1] > a[3] or b[3] < a[1]:
+        return 0.0, 0.0
+    return min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+
+
+def _measures(box: tuple[float, ...], obj: tuple[float, ...]) -> dict[str, float]:
+    iw, ih = _inter(box, obj)
+    inter = iw * ih if iw > 0 and ih > 0 else 0.0
+    union = _area(box) + _area(obj) - inter
+    return {"jaccard_overlap": inter / union if inter > 0 else 0.0,
+            "sample_coverage": inter / _area(box) if inter > 0 else 0.0,
+            "object_coverage": inter / _area(obj) if inter > 0 else 0.0}  # fmt: skip
+
+
+def satisfies(box, objects, constraint: caffe_pb2.SampleConstraint) -> bool:
     """``SatisfySampleConstraint``: true when no bound is set, else when some object meets the
     bounds (min and/or max) of the first kind set, in the fork's order jaccard overlap, sample
     coverage, object coverage. With one kind (all of SSD's recipes) that is "some object meets
     every bound"; with several the fork's ``found`` flag outlives the object that set it, so a
     later kind's bounds never reject a sample, and that is reproduced here."""
     has = constraint.HasField
-    for name, measure in (("jaccard_overlap", lambda: jaccard(objects, box)),
-                          ("sample_coverage", lambda: covered_by(box, objects)),
-                          ("object_coverage", lambda: coverage(objects, box))):  # fmt: skip
-        if not (has(f"min_{name}") or has(f"max_{name}")):
+    for name in ("jaccard_overlap", "sample_coverage", "object_coverage"):
+        low, high = has(f"min_{name}"), has(f"max_{name}")
+        if not (low or high):
             continue
-        values, ok = measure(), np.ones(len(objects), bool)
-        if has(f"min_{name}"):
-            ok &= values >= _F(getattr(constraint, f"min_{name}"))
-        if has(f"max_{name}"):
-            ok &= values <= _F(getattr(constraint, f"max_{name}"))
-        return bool(ok.any())
+        lo, hi = getattr(constraint, f"min_{name}"), getattr(constraint, f"max_{name}")
+        box = tuple(float(v) for v in box)
+        for obj in objects:
+            value = _measures(box, tuple(float(v) for v in obj))[name]
+            if (not low or value >= lo) and (not high or value <= hi):
+                return True
+        return False
     return True
 
 
 def batch_samples(samplers: Sequence[caffe_pb2.BatchSampler], objects: np.ndarray,
                   rng: np.random.Generator) -> list[np.ndarray]:  # fmt: skip
-    """``GenerateBatchSamples``: the boxes every sampler kept, in sampler order."""
-    unit = np.array([0, 0, 1, 1], _F)
+    """``GenerateBatchSamples``: the boxes every sampler kept, in sampler order (each
+    ``LocateBBox``'d in the unit box, which leaves it as it is)."""
     kept: list[np.ndarray] = []
+    objs = [tuple(float(v) for v in o) for o in np.asarray(objects).reshape(-1, 4)]
     for batch_sampler in samplers:
         if not batch_sampler.use_original_image:
             continue
@@ -145,10 +169,10 @@ def batch_samples(samplers: Sequence[caffe_pb2.BatchSampler], objects: np.ndarra
         for _ in range(batch_sampler.max_trials):
             if batch_sampler.HasField("max_sample") and found >= batch_sampler.max_sample:
                 break
-            box = locate(unit, sample_box(batch_sampler.sampler, rng))
-            if satisfies(box, objects, batch_sampler.sample_constraint):
+            box = sample_box(batch_sampler.sampler, rng)
+            if satisfies(box, objs, batch_sampler.sample_constraint):
                 found += 1
-                kept.append(box)
+                kept.append(np.array(box, _F))
     return kept
 
 
