@@ -3,7 +3,7 @@
 set of scripts/make_boxes.py, through the CLI: ``caffe2jax train --solver ...``.
 
     python scripts/train_ssd_synthetic.py WORKDIR [--iters 2000] [--size 150] [--batch 8]
-    python scripts/train_ssd_synthetic.py WORKDIR --resume-check   # + snapshot resume check
+    python scripts/train_ssd_synthetic.py WORKDIR --resume-check 250 500  # after a run
 
 The fork's train and test prototxts are read where they are and rewritten in memory, changing
 only data paths and sizes: the LMDB sources and label map, the batch sizes, the resize to
@@ -13,8 +13,11 @@ Reshape), and the PriorBox
 ``min_size``/``max_size`` scaled by SIZE/300 so the priors cover the same share of the image
 as at 300×300. The solver (written here) has SSD's ``multistep``, ``eval_type:
 "detection"``, ``ap_version: "11point"`` and snapshots, with Adam (Caffe's) in place of the
-recipe's SGD: the net trains from scratch here, with no ImageNet weights. Everything goes under WORKDIR; the
-mAP of each test (``detection_eval``) and the train losses are printed from the log.
+recipe's SGD: the net trains from scratch here, with no ImageNet weights. Everything goes under
+WORKDIR; the mAP of each test (``detection_eval``) and the train losses are printed from the
+log. ``--resume-check FROM`` (after a run) resumes from the snapshot of iteration FROM to the
+next snapshot with ``--snapshot`` and checks that the weights and the losses logged are the
+uninterrupted run's, byte for byte.
 """
 
 from __future__ import annotations
@@ -131,8 +134,8 @@ def train(solver: Path, log: Path, *extra: str) -> float:
 def curves(log: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(iteration, smoothed train loss) and (iteration, test mAP) from a Caffe-style log."""
     text = log.read_text()
-    losses = [(int(i), float(v)) for i, v in
-              re.findall(r"Iteration (\d+)(?: \([^)]*\))?, loss = ([-\d.e+nainf]+)", text)]  # fmt: skip
+    pattern = r"Iteration (\d+)(?: \([^)]*\))?, loss = ([-\d.e+nainf]+)"
+    losses = [(int(i), float(v)) for i, v in re.findall(pattern, text)]
     maps, current = [], None
     for line in text.splitlines():
         hit = re.search(r"Iteration (\d+), Testing net", line)
@@ -144,6 +147,41 @@ def curves(log: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]
     return losses, maps
 
 
+def raw_losses(log: Path) -> dict[int, float]:
+    """iteration -> the unsmoothed ``Train net output #0`` loss logged after it."""
+    out, current = {}, None
+    for line in log.read_text().splitlines():
+        hit = re.search(r"\] Iteration (\d+) \(", line)
+        if hit:
+            current = int(hit.group(1))
+        hit = re.search(r"Train net output #0: \S+ = ([-\d.e+]+)", line)
+        if hit and current is not None:
+            out[current] = float(hit.group(1))
+    return out
+
+
+def resume_check(work: Path, start: int, end: int) -> None:
+    """Resume from the snapshot of iteration ``start`` to ``end`` (another snapshot of the run
+    in ``work``) into ``work/resume``; compare weights and logged losses with the run's."""
+    folder = work / "resume"
+    folder.mkdir(exist_ok=True)
+    text = (work / "solver.prototxt").read_text()
+    solver = folder / "solver.prototxt"
+    solver.write_text(text.replace(str(work / "snap" / "ssd"), str(folder / "ssd")))
+    seconds = train(solver, folder / "train.log", "--snapshot",
+                    str(work / "snap" / f"ssd_iter_{start}.solverstate"),
+                    "--iterations", str(end))  # fmt: skip
+    whole, again = raw_losses(work / "train.log"), raw_losses(folder / "train.log")
+    shared = sorted(set(whole) & set(again))
+    same_losses = all(whole[i] == again[i] for i in shared)
+    want = (work / "snap" / f"ssd_iter_{end}.caffemodel").read_bytes()
+    same_weights = (folder / f"ssd_iter_{end}.caffemodel").read_bytes() == want
+    print(f"resumed {start} -> {end} in {seconds:.0f} s: weights identical: {same_weights}; "
+          f"losses logged at {shared[:3]}...{shared[-2:]} identical: {same_losses}")  # fmt: skip
+    if not (same_weights and same_losses and shared):
+        sys.exit("resume check FAILED")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("work", type=Path)
@@ -152,8 +190,12 @@ def main() -> None:
                           ("snapshot", 500), ("display", 20)):  # fmt: skip
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--lr", type=float, default=0.001)
-    parser.add_argument("--resume-check", action="store_true")
+    parser.add_argument("--resume-check", type=int, nargs=2, metavar=("FROM", "TO"),
+                        help="only check a resume from snapshot FROM to snapshot TO")  # fmt: skip
     args = parser.parse_args()
+    if args.resume_check:
+        resume_check(args.work, *args.resume_check)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     solver = prepare(args.work, args)
     seconds = train(solver, args.work / "train.log")
