@@ -40,8 +40,8 @@ from caffe2jax.runtime.data.annotated_datum import (
     boxes_of,
     parse_annotated_datum,
 )
-from caffe2jax.runtime.data.annotated_transform import AnnotatedTransformer, Recipe
-from caffe2jax.runtime.data.base import Planned, check_tops
+from caffe2jax.runtime.data.annotated_transform import AnnotatedTransformer
+from caffe2jax.runtime.data.base import Planned, check_phase, check_tops
 from caffe2jax.runtime.data.data_layer import DataLayerSource
 from caffe2jax.runtime.data.datum import datum_to_array
 from caffe2jax.runtime.data.db import Cursor
@@ -77,8 +77,8 @@ class AnnotatedDataSource(DataLayerSource):
         if self.anno_type not in (None, BBOX):
             raise DataError(f"layer {layer.name!r} (AnnotatedData): anno_type {param.anno_type} "
                             "is not supported (BBOX)")  # fmt: skip
-        self.anno = AnnotatedTransformer(layer.transform_param, phase if isinstance(phase, str)
-                                         else ("TRAIN", "TEST")[phase], list(param.batch_sampler),
+        self.anno = AnnotatedTransformer(layer.transform_param, check_phase(phase),
+                                         list(param.batch_sampler),
                                          f"layer {layer.name!r} (AnnotatedData)")  # fmt: skip
         super().__init__(layer, phase, base_dir=base_dir, seed=seed)
 
@@ -157,4 +157,4 @@ class AnnotatedDataSource(DataLayerSource):
         raise NotImplementedError("AnnotatedData fills its rows itself")
 
 
-__all__ = ["AnnotatedDataSource", "Recipe", "max_rows"]
+__all__ = ["AnnotatedDataSource", "max_rows"]
