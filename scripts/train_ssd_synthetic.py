@@ -4,6 +4,7 @@ set of scripts/make_boxes.py, through the CLI: ``caffe2jax train --solver ...``.
 
     python scripts/train_ssd_synthetic.py WORKDIR [--iters 2000] [--size 150] [--batch 8]
     python scripts/train_ssd_synthetic.py WORKDIR --resume-check 250 500  # after a run
+    python scripts/train_ssd_synthetic.py WORKDIR --small --iters 2000 --test_interval 200
 
 The fork's train and test prototxts are read where they are and rewritten in memory, changing
 only data paths and sizes: the LMDB sources and label map, the batch sizes, the resize to
@@ -120,6 +121,35 @@ def prepare(work: Path, args: argparse.Namespace) -> Path:
     return solver
 
 
+def prepare_small(work: Path, args: argparse.Namespace) -> Path:
+    """``--small``: the CI test's small SSD (tests/cli/test_train_annotated.py: two stride-2
+    convolutions of 32 channels, one PriorBox layer) on the same AnnotatedData recipe (mirror,
+    emit CENTER, distort, expand, samplers, resize with interpolation modes), 48×48."""
+    from tests.cli import test_train_annotated as small
+    from tests.synthetic_boxes import load_make_boxes
+
+    files = load_make_boxes().make_dataset(work / "data", train=args.train, test=args.test,
+                                           size=small.SIZE)  # fmt: skip
+    common = {"size": small.SIZE, "labelmap": files["labelmap"]}
+    train_net = small.DATA.format(phase="TRAIN", transform=small.TRAIN_AUG,
+                                  interp="interp_mode: AREA", source=files["train_lmdb"],
+                                  batch=args.batch, samplers=small.SAMPLERS, **common)  # fmt: skip
+    test_net = small.DATA.format(phase="TEST", transform="", interp="", samplers="",
+                                 source=files["test_lmdb"], batch=args.test_batch,
+                                 **common)  # fmt: skip
+    body = small.BODY.replace("num_output: 16", "num_output: 32")
+    (work / "train.prototxt").write_text(train_net + body + small.LOSS)
+    (work / "test.prototxt").write_text(test_net + body + small.EVAL)
+    solver = work / "solver.prototxt"
+    solver.write_text(SOLVER.format(
+        train=work / "train.prototxt", test=work / "test.prototxt", test_iter=1,
+        test_interval=args.test_interval, lr=args.lr, step=int(args.iters * 0.75),
+        display=args.display, iters=args.iters, snapshot=args.snapshot,
+        prefix=work / "snap" / "ssd"))  # fmt: skip
+    (work / "snap").mkdir(exist_ok=True)
+    return solver
+
+
 def train(solver: Path, log: Path, *extra: str) -> float:
     """``caffe2jax train --solver SOLVER`` with its log in ``log``; returns the seconds."""
     start = time.time()
@@ -190,6 +220,7 @@ def main() -> None:
                           ("snapshot", 500), ("display", 20)):  # fmt: skip
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--small", action="store_true", help="the CI test's small SSD instead")
     parser.add_argument("--resume-check", type=int, nargs=2, metavar=("FROM", "TO"),
                         help="only check a resume from snapshot FROM to snapshot TO")  # fmt: skip
     args = parser.parse_args()
@@ -197,7 +228,7 @@ def main() -> None:
         resume_check(args.work, *args.resume_check)
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    solver = prepare(args.work, args)
+    solver = (prepare_small if args.small else prepare)(args.work, args)
     seconds = train(solver, args.work / "train.log")
     losses, maps = curves(args.work / "train.log")
     print(f"{args.iters} iterations in {seconds:.0f} s ({seconds / args.iters:.2f} s/iter incl. "
