@@ -150,11 +150,12 @@ def _check(layer: ir.Layer, loc, conf, prior, label, s: Settings) -> tuple[int, 
 
 
 def _bipartite(iou, recorded, match):
-    """The bipartite stage: G rounds, each assigning the best remaining (prior, gt) pair."""
-    p, g = iou.shape
+    """The bipartite stage: rounds assigning the best remaining (prior, gt) pair, until no
+    pair is left (at most G rounds; a while loop, so padding rows cost no rounds)."""
+    g = iou.shape[1]
 
-    def step(_, carry):
-        match, used = carry
+    def step(carry):
+        match, used, _, k = carry
         cand = recorded & (match == -1)[:, None] & ~used[None, :]
         score = jnp.where(cand, iou, -1.0).reshape(-1)
         flat = jnp.argmax(score)
@@ -162,9 +163,13 @@ def _bipartite(iou, recorded, match):
         i, j = flat // g, flat % g
         match = jnp.where(ok, match.at[i].set(j), match)
         used = jnp.where(ok, used.at[j].set(True), used)
-        return match, used
+        return match, used, ok, k + 1
 
-    return lax.fori_loop(0, g, step, (match, jnp.zeros((g,), bool)))[0]
+    def more(carry):
+        return carry[2] & (carry[3] < g)
+
+    init = (match, jnp.zeros((g,), bool), jnp.asarray(True), jnp.asarray(0))
+    return lax.while_loop(more, step, init)[0]
 
 
 def match_image(boxes, gt_boxes, valid, s: Settings):

@@ -8,6 +8,7 @@ why a layer cannot run yet.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError, NetError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.python_layer import registered_python_layers
 from caffe2jax.lowering.registry import lookup
 from caffe2jax.runtime.data.feeding import open_source
 
@@ -166,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
             net = Model(net, shapes).net
         except InputShapeError as err:  # a data source we cannot open here
             print(f"(not every shape: {reason or err}; give --input-shape BLOB=D0,D1,...)")
-        except NetError as err:  # a layer that cannot be built here (a user's Python module)
-            print(f"(not every shape: {err})")
         else:
             print("\n".join(summary_lines(net)))
             return 0
@@ -176,9 +176,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_module(layer: ir.Layer) -> str:
+    """For a class-style Python layer whose module is not on sys.path: why it cannot run."""
+    p = layer.param.python_param
+    if layer.type != "Python" or f"{p.module}.{p.layer}" in registered_python_layers():
+        return ""
+    try:
+        found = importlib.util.find_spec(p.module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return ""
+    return (f"{layer.where}layer '{layer.name}' (type Python): module '{p.module}' is not on "
+            "sys.path")  # fmt: skip
+
+
 def _unsupported(net: ir.Net) -> str:
-    """The first layer whose type caffe2jax does not lower, as its compile error says it."""
+    """The first layer whose type caffe2jax does not lower, as its compile error says it (or
+    a Python layer whose module is not on sys.path)."""
     for layer in net.layers:
+        missing = _missing_module(layer)
+        if missing:
+            return missing
         try:
             lowering = lookup(layer)
             if lowering.source:  # a data layer may refuse a form (SSD's VideoData)

@@ -244,3 +244,17 @@ def test_a_background_gt_label_makes_the_loss_nan():
     label = LABEL.copy()
     label[0, 0, 0, 1] = 0  # the fork CHECK-fails on a background gt label
     assert np.isnan(_ours(_text(""), LOC, CONF, label)[0])
+
+
+def test_propagate_down_false_drops_the_loc_term_from_the_loss():
+    text = _text("code_type: CENTER_SIZE").replace(
+        'top: "loss" multibox_loss_param',
+        'top: "loss" propagate_down: false propagate_down: true propagate_down: false '
+        "propagate_down: false multibox_loss_param",
+    )
+    value, gloc, gconf = _ours(text, LOC, CONF)
+    ref, _, rconf = fork_multibox(LOC, CONF, PRIOR, LABEL, num_classes=C,
+                                  code_type="CENTER_SIZE", loc_weight=0.0)  # fmt: skip
+    np.testing.assert_allclose(value, ref, rtol=2e-5)
+    assert not np.any(gloc)
+    np.testing.assert_allclose(gconf, rconf, rtol=1e-4, atol=1e-6)
