@@ -2,9 +2,9 @@
 except DummyData, which Caffe fills in the net itself.
 
 Reproduces the top shapes of Caffe's InputLayer, MemoryDataLayer and DummyDataLayer; Data,
-ImageData, HDF5Data, WindowData and the forks' DenseImageData, ImageSegData and VideoData learn
-theirs from their source (the runtime's data pipeline reads one record, as Caffe's
-DataLayerSetUp does).
+ImageData, HDF5Data, WindowData and the forks' DenseImageData, ImageSegData, VideoData and
+AnnotatedData learn theirs from their source (the runtime's data pipeline reads one record, as
+Caffe's DataLayerSetUp does).
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ DATA_LAYERS: dict[str, DataLayer] = {
     ),
     # VideoData: C3D needs both tops (its reader checks), SSD's (refused) has one or two
     "VideoData": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "video_data:VideoDataSource"),
+    # SSD's images with boxes: label (1, 1, G, 8), G fixed when the layer opens
+    "AnnotatedData": DataLayer(
+        (0, 0, 1, 2), "pipeline", _DATA + "annotated_data:AnnotatedDataSource"
+    ),
 }
 
 

@@ -1,0 +1,146 @@
+"""SSD's AnnotatedData layer (runtime/data/annotated_data.py): shapes and the fixed label top
+(real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
+worker threads and on resume, and one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.annotated_data import max_rows
+from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum, decode_annotated
+from caffe2jax.runtime.data.base import plain
+from caffe2jax.runtime.data.datum import array_to_datum
+from caffe2jax.runtime.data.db import Writer, open_db
+from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.sources import make_source
+from tests.synthetic_boxes import load_make_boxes
+
+from .helpers import layer
+
+SSD_TRANSFORM = """mirror: true mean_value: 127.5 mean_value: 127.5 mean_value: 127.5
+scale: 0.007843 resize_param { resize_mode: WARP height: 48 width: 48 interp_mode: LINEAR
+interp_mode: AREA interp_mode: NEAREST interp_mode: CUBIC interp_mode: LANCZOS4 }
+emit_constraint { emit_type: CENTER }
+distort_param { brightness_prob: 0.5 brightness_delta: 32 contrast_prob: 0.5
+contrast_lower: 0.5 contrast_upper: 1.5 hue_prob: 0.5 hue_delta: 18 saturation_prob: 0.5
+saturation_lower: 0.5 saturation_upper: 1.5 }
+expand_param { prob: 0.5 max_expand_ratio: 4 }"""
+SSD_SAMPLERS = "batch_sampler { max_sample: 1 max_trials: 1 }" + "".join(
+    f"batch_sampler {{ sampler {{ min_scale: 0.3 max_scale: 1 min_aspect_ratio: 0.5 "
+    f"max_aspect_ratio: 2 }} sample_constraint {{ {c} }} max_sample: 1 max_trials: 50 }}"
+    for c in ("min_jaccard_overlap: 0.1", "min_jaccard_overlap: 0.5", "max_jaccard_overlap: 1")
+)
+
+
+def anno_layer(db, batch=4, transform=SSD_TRANSFORM, samplers=SSD_SAMPLERS, tops=2):
+    top = ' top: "data" top: "label"' if tops == 2 else ' top: "data"'
+    return layer(f'name: "a" type: "AnnotatedData"{top} transform_param {{ {transform} }} '
+                 f'data_param {{ source: "{db}" batch_size: {batch} backend: LMDB }} '
+                 f"annotated_data_param {{ {samplers} }}")  # fmt: skip
+
+
+def read_all(path) -> list[tuple[np.ndarray, Boxes]]:
+    db = open_db(path)
+    try:
+        return [decode_annotated(value) for _, value in db.items()]
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def boxes_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("boxes")
+    return load_make_boxes().make_dataset(out, train=10, test=3, size=64)
+
+
+def test_ssd_recipe_shapes_and_label_rows(boxes_set):
+    source = make_source(anno_layer(boxes_set["train_lmdb"]), "TRAIN", seed=2)
+    counts = [len(boxes) for _, boxes in read_all(boxes_set["train_lmdb"])]
+    g = sum(sorted(counts, reverse=True)[:4])
+    assert source.top_shapes() == [(4, 3, 48, 48), (1, 1, g, 8)]
+    for _ in range(6):
+        data, label = source.next_batch()
+        assert data.shape == (4, 3, 48, 48) and np.abs(data).max() <= 1.0001
+        rows = label[0, 0]
+        real = rows[:, 0] >= 0
+        n = int(real.sum())
+        assert real[:n].all() and (rows[n:] == -1).all()  # real rows first, padding all -1
+        assert (np.diff(rows[:n, 0]) >= 0).all()  # items in order
+        assert set(rows[:n, 1].tolist()) <= {1, 2, 3}
+        boxes = rows[:n, 3:7]
+        assert (boxes >= 0).all() and (boxes <= 1).all()
+        assert (boxes[:, 2] > boxes[:, 0]).all() and (boxes[:, 3] > boxes[:, 1]).all()
+    source.close()
+
+
+def test_test_phase_without_augmentation_gives_the_records_boxes(boxes_set):
+    text = anno_layer(boxes_set["test_lmdb"], batch=3, samplers="",
+                      transform="resize_param { height: 64 width: 64 }")  # fmt: skip
+    source = make_source(text, "TEST", seed=0)
+    data, label = source.next_batch()
+    want = read_all(boxes_set["test_lmdb"])
+    np.testing.assert_array_equal(data[0], want[0][0].astype(np.float32))
+    rows = np.concatenate([b.rows(i) for i, (_, b) in enumerate(want)])
+    np.testing.assert_allclose(label[0, 0], rows, atol=1e-6)  # G = all boxes: no padding
+    source.close()
+
+
+def serial(text, count):
+    source = make_source(text, "TRAIN", seed=3)
+    out, states = [], []
+    for _ in range(count):
+        out.append([a.copy() for a in source.next_batch()])
+        states.append(plain(source.get_state()))
+    source.close()
+    return out, states
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_same_bytes_with_workers_and_on_resume(boxes_set, workers):
+    text = anno_layer(boxes_set["train_lmdb"], batch=3)
+    want, states = serial(text, 6)  # past a wrap-around (10 records)
+    with Prefetcher(make_source(text, "TRAIN", seed=3), 2, workers=workers) as reader:
+        for batch, state in zip(want, states, strict=True):
+            got = reader.next_batch()
+            assert all(np.asarray(g).tobytes() == w.tobytes() for g, w in zip(got, batch))
+            assert plain(reader.get_state()) == state
+    resumed = make_source(text, "TRAIN", seed=11)
+    resumed.set_state(states[2])
+    for batch in want[3:]:
+        assert all(g.tobytes() == w.tobytes() for g, w in zip(resumed.next_batch(), batch))
+    resumed.close()
+    other = make_source(text, "TRAIN", seed=4)
+    assert other.next_batch()[1].tobytes() != want[0][1].tobytes()  # the seed matters
+    other.close()
+
+
+def test_max_rows():
+    assert max_rows([3, 1, 2], 2) == 5
+    assert max_rows([3, 1], 5) == 3 + 3 + 3 + 1 + 1  # a batch wraps: each record up to 3 times
+    assert max_rows([0, 0], 4) == 1  # one row of -1, as the fork's batch without boxes
+
+
+def test_a_batch_without_boxes_is_all_padding(tmp_path):
+    with Writer(tmp_path / "db") as writer:
+        for i in range(2):
+            record = annotated_datum(array_to_datum(np.zeros((3, 4, 4), np.uint8)), Boxes.empty())
+            writer.put(f"{i:08d}", record.SerializeToString())
+    source = make_source(anno_layer(tmp_path / "db", 2, "", ""), "TRAIN", seed=0)
+    assert source.top_shapes()[1] == (1, 1, 1, 8)
+    np.testing.assert_array_equal(source.next_batch()[1], -np.ones((1, 1, 1, 8), np.float32))
+    source.close()
+
+
+def test_one_line_errors(tmp_path, boxes_set):
+    with pytest.raises(DataError, match="needs 2 tops"):
+        make_source(anno_layer(boxes_set["train_lmdb"], tops=1), "TRAIN")
+    with Writer(tmp_path / "db") as writer:
+        untyped = annotated_datum(array_to_datum(np.zeros((3, 4, 4), np.uint8)), Boxes.empty())
+        untyped.ClearField("type")
+        writer.put("0", untyped.SerializeToString())
+    with pytest.raises(DataError, match="has no annotation type"):
+        make_source(anno_layer(tmp_path / "db", 1, "", ""), "TRAIN")
+    with pytest.raises(DataError, match="crop 8×8 is larger than the image 4×4"):
+        make_source(anno_layer(tmp_path / "db", 1, "crop_size: 8", "anno_type: BBOX"), "TRAIN")
