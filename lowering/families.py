@@ -18,6 +18,7 @@ from caffe2jax.lowering import (  # noqa: F401
     python_layer,
     recurrent,
     roi,
+    rpn_targets,
     shape,
     vision,
     vision3d,
