@@ -59,4 +59,6 @@ def smooth_l1_rcnn(layer: ir.Layer, params, bottoms, ctx) -> list[jax.Array]:
         per = outside * per
     num = pred.shape[0] if pred.ndim else 1
     return [jnp.sum(per) / num]
+
+
 _rcnn = smooth_l1_rcnn  # the name lowering/smooth_l1.py (the SmoothL1Loss dispatcher) imports
