@@ -25,8 +25,8 @@ PYTHON_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #: Fork layer types that only training or evaluation uses (issue 26's layers).
 TRAINING_TYPES: frozenset[str] = frozenset(
     {
-        "AnnotatedData", "MultiBoxLoss", "DetectionEvaluate", "SmoothL1Loss", "CtcLoss",
-        "LabelsequenceAccuracy", "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "SmoothL1LossOHEM",
+        "AnnotatedData", "CtcLoss", "LabelsequenceAccuracy", "BoxAnnotatorOHEM",
+        "SoftmaxWithLossOHEM", "SmoothL1LossOHEM",
         "RegionLoss", "Yolov3", "GaussianYolov3", "YoloSeg", "SegmentationEvaluate", "LaneData",
         "SegAccuracy", "MatWrite", "MatRead", "VoxelSoftmaxWithLoss", "VoxelCustomLoss",
     }

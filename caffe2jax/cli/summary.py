@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
             net = Model(net, shapes).net
         except InputShapeError as err:  # a data source we cannot open here
             print(f"(not every shape: {reason or err}; give --input-shape BLOB=D0,D1,...)")
+        except NetError as err:  # a layer that cannot be built here (a user's Python module)
+            print(f"(not every shape: {err})")
         else:
             print("\n".join(summary_lines(net)))
             return 0

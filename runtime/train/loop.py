@@ -29,6 +29,7 @@ from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import make_mesh
 from caffe2jax.runtime.train import snapshots, solvers
 from caffe2jax.runtime.train.compiled import CompiledNet, shared_layers
+from caffe2jax.runtime.train.detection_eval import DetectionTally, check_eval
 from caffe2jax.runtime.train.setup import (
     SOLVER_RULES,
     long_test_warnings,
@@ -59,6 +60,9 @@ class SolverLoop:
             raise SolverError(
                 f"unknown solver type '{self.param.type}'; known: {', '.join(SOLVER_RULES)}"
             )
+        check_eval(self.param)
+        if self.mesh is not None and self.param.eval_type == "detection":
+            raise SolverError("eval_type detection is not supported with several devices")
         p = self.param
         self.seed = int(p.random_seed if p.random_seed >= 0 else time.time_ns() % 2**31)
         self._build_nets()
@@ -293,6 +297,7 @@ class SolverLoop:
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None
+        tally = DetectionTally() if self.param.eval_type == "detection" else None
         for _ in range(iters):
             if self.stopped:  # Caffe checks for a stop request before each test batch
                 self.log.info("Test interrupted.")
@@ -304,7 +309,10 @@ class SolverLoop:
             net.sinks.write(blobs)
             if self.param.test_compute_loss:
                 loss += float(net.member(inputs).graph.objective(blobs))
-            for name in net.model.outputs:
+            for j, name in enumerate(net.model.outputs):
+                if tally is not None:  # the fork's TestDetection
+                    tally.add(j, name, np.asarray(blobs[name]))
+                    continue
                 value = np.asarray(blobs[name], np.float64)
                 sums[name] = sums.get(name, 0) + value
         self.test_states[index] = NetState(self.test_states[index], carry_of(state))
@@ -314,6 +322,10 @@ class SolverLoop:
             return {}
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {loss / iters:.6g}")
+        if tally is not None:
+            p = self.param
+            return tally.report(self.log, list(net.model.outputs), p.ap_version,
+                                p.show_per_class_result)  # fmt: skip
         return self.log_outputs("Test", net.model, {k: v / iters for k, v in sums.items()})
 
     def log_outputs(self, which: str, model: Model, outputs: dict[str, Any]) -> dict[str, float]:

@@ -41,7 +41,6 @@ def test_unknown_v1_type_names_the_forks_read():
     [
         ('type: "DenseCRF" dense_crf_param { max_iter: 5 }',
          "the DenseCRF layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
-        ('type: "MultiBoxLoss"', "a training layer of SSD (weiliu89/caffe@4817bf8"),
         ('type: "CtcLoss"', "a training layer of CRNN (yalecyu/crnn.caffe@0d95ba2), not supp"),
         ('type: "BoxAnnotatorOHEM" box_annotator_ohem_param { roi_per_img: 128 }',
          "a training layer of R-FCN (Microsoft/caffe@1a2be8e), not supported yet"),
@@ -70,4 +69,4 @@ def test_other_unknown_types_keep_the_usual_message():
 def test_forms_narrow_the_fork_named():
     assert "of SegNet" in unsupported_fork_type("Upsample", "max_unpool")
     assert "of darknet2caffe" in unsupported_fork_type("Upsample", "nearest")
-    assert "training layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
+    assert "SmoothL1Loss layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")

@@ -79,4 +79,18 @@ FORK_SWEEP = {
     + 'layer { name: "p" type: "Axpy" bottom: "a" bottom: "x" bottom: "b" top: "y" }',
     "ReLU6": _input("x", 2, 3) + 'layer { name: "r" type: "ReLU6" bottom: "x" top: "y" }',
     "Mish": _input("x", 2, 3) + 'layer { name: "m" type: "Mish" bottom: "x" top: "y" }',
+    "MultiBoxLoss": _input("loc", 2, 27 * 4)
+    + _input("conf", 2, 27 * 3)
+    + _input("prior", 1, 2, 27 * 4)
+    + _input("label", 1, 1, 4, 8)
+    + 'layer { name: "m" type: "MultiBoxLoss" bottom: "loc" bottom: "conf" bottom: "prior" '
+    'bottom: "label" top: "y" multibox_loss_param { num_classes: 3 code_type: CENTER_SIZE } }',
+    "DetectionEvaluate": _input("det", 1, 1, 6, 7)
+    + _input("label", 1, 1, 4, 8)
+    + 'layer { name: "e" type: "DetectionEvaluate" bottom: "det" bottom: "label" top: "y" '
+    "detection_evaluate_param { num_classes: 3 } }",
+    "SmoothL1Loss": _input("p", 2, 4)
+    + _input("t", 2, 4)
+    + _input("w", 2, 4)
+    + 'layer { name: "s" type: "SmoothL1Loss" bottom: "p" bottom: "t" bottom: "w" top: "y" }',
 }
