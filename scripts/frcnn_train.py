@@ -3,7 +3,7 @@
 built-in Faster R-CNN layers, through the CLI, then evaluate it (VOC AP at IoU 0.5).
 
     python scripts/frcnn_train.py WORKDIR [--iters 2000] [--size 128] [--count 48]
-        [--resume-check 4]
+        [--snapshot 100] [--resume-check]
 
 The net is read from ``../shared/forks/models/faster_rcnn_vgg16_train.prototxt`` (never copied
 into the repository) and rewritten only in data paths and sizes:
@@ -18,13 +18,20 @@ The solver is py-faster-rcnn's VGG16 end2end solver (base_lr 0.001, step, gamma 
 stepsize 50000, momentum 0.9, weight_decay 0.0005, iter_size 2, display 20, average_loss
 100) with ``max_iter`` and ``snapshot`` set here. Its train.py starts from ImageNet VGG16
 weights (``--weights``); there are none here, so ``init.caffemodel`` holds random weights for
-the convolutions, whose prototxt has no fillers (MSRA: gaussian, std sqrt(2 / fan_in)).
+conv1_1 … conv5_3, fc6 and fc7, whose prototxt has no fillers (see :func:`init_weights`).
+
+``--resume-check`` trains 4 iterations straight and 2 + 2 resumed from the iteration-2
+solverstate, and compares the final weights bit for bit. The evaluation is
+scripts/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.frcnn_boxes import make_boxes  # noqa: E402
 
 MODEL = ROOT.parent / "shared" / "forks" / "models" / "faster_rcnn_vgg16_train.prototxt"
 CLASSES = 4
@@ -80,3 +88,84 @@ def init_weights(net: Path, out: Path, seed: int = 7, conv_gain: float = 0.72) -
         gain = conv_gain if w.ndim == 4 else 1.0
         w[...] = rng.normal(0, gain * np.sqrt(2.0 / np.prod(w.shape[1:])), w.shape)
     model.save(str(out))
+
+
+def cli(*args: object, cwd: Path) -> str:
+    """``caffe2jax ARGS`` in ``cwd``; its log (stderr) returned, a failure raised."""
+    done = subprocess.run([sys.executable, "-m", "caffe2jax", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"caffe2jax {' '.join(map(str, args))} failed:\n{done.stderr[-3000:]}")
+    return done.stderr
+
+
+def losses(log: str) -> list[tuple[int, float]]:
+    """(iteration, smoothed loss) of the solver's display lines."""
+    found = re.findall(r"Iteration (\d+) \(.*\), loss = ([-\d.e+naif]+)", log)
+    return [(int(i), float(v)) for i, v in found]
+
+
+def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int) -> Path:
+    """Data set, rewritten train prototxt, solver and random init weights in ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "boxes_lmdb").exists():
+        make_boxes(work / "boxes_lmdb", count=count, size=size, seed=0)
+    net = work / "train.prototxt"
+    net.write_text(train_prototxt((work / "boxes_lmdb").resolve(), size))
+    (work / "snap").mkdir(exist_ok=True)
+    solver = work / "solver.prototxt"
+    solver.write_text(solver_text(net.resolve(), (work / "snap" / "vgg16").resolve(),
+                                  max_iter, snapshot))  # fmt: skip
+    if not (work / "init.caffemodel").exists():
+        init_weights(net, work / "init.caffemodel")
+    return solver
+
+
+def resume_check(work: Path, size: int) -> bool:
+    """4 iterations straight vs 2, snapshot, resume to 4: the weights equal bit for bit."""
+    from caffe2jax.frontend import caffe_pb2
+
+    solver = prepare(work, size, 48, 4, 2)
+    cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force", cwd=work)
+    final = work / "snap" / "vgg16_iter_4.caffemodel"
+    straight = final.read_bytes()
+    final.unlink()
+    (work / "snap" / "vgg16_iter_4.solverstate").unlink()
+    cli("train", "--solver", solver, "--snapshot", work / "snap" / "vgg16_iter_2.solverstate",
+        cwd=work)  # fmt: skip
+    a, b = caffe_pb2.NetParameter(), caffe_pb2.NetParameter()
+    a.ParseFromString(straight)
+    b.ParseFromString(final.read_bytes())
+    return all(list(x.data) == list(y.data) for la, lb in zip(a.layer, b.layer)
+               for x, y in zip(la.blobs, lb.blobs))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--snapshot", type=int, default=100)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--count", type=int, default=48)
+    parser.add_argument("--resume-check", action="store_true")
+    args = parser.parse_args()
+    if args.resume_check:
+        print("resume exact:", resume_check(args.work / "resume", args.size))
+        return
+    from scripts.frcnn_eval import evaluate
+
+    solver = prepare(args.work, args.size, args.count, args.iters, args.snapshot)
+    start = time.time()
+    log = cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force",
+              cwd=args.work)  # fmt: skip
+    print(f"{args.iters} iterations in {time.time() - start:.0f} s")
+    for it, value in losses(log):
+        print(f"iteration {it}: loss {value:.4f}")
+    for snap in sorted((args.work / "snap").glob("vgg16_iter_*.caffemodel"),
+                       key=lambda p: int(p.stem.split("_")[-1])):  # fmt: skip
+        result = evaluate(args.work / "train.prototxt", snap, size=args.size)
+        print(f"{snap.name}: mAP {result['mAP']:.3f} (11-point {result['mAP11']:.3f})")
+
+
+if __name__ == "__main__":
+    main()
