@@ -3,7 +3,7 @@
 built-in Faster R-CNN layers, through the CLI, then evaluate it (VOC AP at IoU 0.5).
 
     python scripts/frcnn_train.py WORKDIR [--iters 2000] [--size 128] [--count 48]
-        [--snapshot 100] [--resume-check]
+        [--snapshot 100] [--resume-check] [--tiny]
 
 The net is read from ``../shared/forks/models/faster_rcnn_vgg16_train.prototxt`` (never copied
 into the repository) and rewritten only in data paths and sizes:
@@ -20,9 +20,10 @@ stepsize 50000, momentum 0.9, weight_decay 0.0005, iter_size 2, display 20, aver
 weights (``--weights``); there are none here, so ``init.caffemodel`` holds random weights for
 conv1_1 … conv5_3, fc6 and fc7, whose prototxt has no fillers (see :func:`init_weights`).
 
-``--resume-check`` trains 4 iterations straight and 2 + 2 resumed from the iteration-2
-solverstate, and compares the final weights bit for bit. The evaluation is
-scripts/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
+``--tiny`` trains scripts/frcnn_tiny_net.py's small net of the same layout instead (2000
+iterations take about a minute). ``--resume-check`` trains 4 iterations straight and 2 + 2
+resumed from the iteration-2 solverstate, and compares the final weights bit for bit. The
+evaluation is scripts/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
 """
 
 from __future__ import annotations
@@ -140,6 +141,36 @@ def resume_check(work: Path, size: int) -> bool:
                for x, y in zip(la.blobs, lb.blobs))  # fmt: skip
 
 
+def tiny(work: Path, iters: int = 2000) -> None:
+    """The small net of scripts/frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
+    layers, base_lr 0.01 (step ×0.1 at 1500), iter_size 2, through the CLI; evaluated like the
+    VGG16 run."""
+    from scripts.frcnn_eval import evaluate
+    from scripts.frcnn_tiny_net import net_text
+
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "boxes_lmdb").exists():
+        make_boxes(work / "boxes_lmdb", count=48, size=64, seed=0)
+    net = work / "train.prototxt"
+    net.write_text(net_text((work / "boxes_lmdb").resolve()))
+    (work / "solver.prototxt").write_text(
+        f'train_net: "{net.resolve()}"\nbase_lr: 0.01\nlr_policy: "step"\ngamma: 0.1\n'
+        f"stepsize: 1500\ndisplay: 100\naverage_loss: 50\nmomentum: 0.9\n"
+        f'weight_decay: 0.0005\nsnapshot: 500\nsnapshot_prefix: "{(work / "tiny").resolve()}"\n'
+        f"iter_size: 2\nmax_iter: {iters}\nrandom_seed: 5\n"
+    )
+    start = time.time()
+    log = cli("train", "--solver", work / "solver.prototxt", "--force", cwd=work)
+    print(f"{iters} iterations in {time.time() - start:.0f} s (compile included)")
+    for it, value in losses(log):
+        print(f"iteration {it}: loss {value:.4f}")
+    for snap in sorted(
+        work.glob("tiny_iter_*.caffemodel"), key=lambda p: int(p.stem.split("_")[-1])
+    ):
+        result = evaluate(net, snap, count=48, size=64)
+        print(f"{snap.name}: mAP {result['mAP']:.3f} (11-point {result['mAP11']:.3f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("work", type=Path)
@@ -148,7 +179,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--count", type=int, default=48)
     parser.add_argument("--resume-check", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="scripts/frcnn_tiny_net.py's net")
     args = parser.parse_args()
+    if args.tiny:
+        tiny(args.work / "tiny", args.iters)
+        return
     if args.resume_check:
         print("resume exact:", resume_check(args.work / "resume", args.size))
         return

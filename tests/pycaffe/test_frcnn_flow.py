@@ -16,7 +16,7 @@ import pytest
 import caffe2jax as caffe
 from caffe2jax.frontend import caffe_pb2
 from scripts.frcnn_boxes import make_image
-from tests.cli.test_frcnn_train import net_text
+from scripts.frcnn_tiny_net import net_text
 
 USER = Path(__file__).parent / "frcnn_user"
 STDS = np.array([0.1, 0.1, 0.2, 0.2])
