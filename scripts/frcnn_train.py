@@ -143,8 +143,8 @@ def resume_check(work: Path, size: int) -> bool:
 
 def tiny(work: Path, iters: int = 2000) -> None:
     """The small net of scripts/frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
-    layers, base_lr 0.01 (step ×0.1 at 1500), iter_size 2, through the CLI; evaluated like the
-    VGG16 run."""
+    layers, base_lr 0.01 (×0.1 after 3/4 of the iterations), iter_size 2, through the CLI;
+    evaluated like the VGG16 run."""
     from scripts.frcnn_eval import evaluate
     from scripts.frcnn_tiny_net import net_text
 
@@ -153,10 +153,11 @@ def tiny(work: Path, iters: int = 2000) -> None:
         make_boxes(work / "boxes_lmdb", count=48, size=64, seed=0)
     net = work / "train.prototxt"
     net.write_text(net_text((work / "boxes_lmdb").resolve()))
+    prefix = (work / "tiny").resolve()
     (work / "solver.prototxt").write_text(
         f'train_net: "{net.resolve()}"\nbase_lr: 0.01\nlr_policy: "step"\ngamma: 0.1\n'
-        f"stepsize: 1500\ndisplay: 100\naverage_loss: 50\nmomentum: 0.9\n"
-        f'weight_decay: 0.0005\nsnapshot: 500\nsnapshot_prefix: "{(work / "tiny").resolve()}"\n'
+        f"stepsize: {iters * 3 // 4}\ndisplay: 100\naverage_loss: 50\nmomentum: 0.9\n"
+        f'weight_decay: 0.0005\nsnapshot: {iters // 4}\nsnapshot_prefix: "{prefix}"\n'
         f"iter_size: 2\nmax_iter: {iters}\nrandom_seed: 5\n"
     )
     start = time.time()
