@@ -62,6 +62,10 @@ DATA_LAYERS: dict[str, DataLayer] = {
     "AnnotatedData": DataLayer(
         (0, 0, 1, 2), "pipeline", _DATA + "annotated_data:AnnotatedDataSource"
     ),
+    # caffe2jax's built-in py-faster-rcnn roi_data_layer.layer.RoIDataLayer (a Python layer
+    # in the prototxt; lowering/python_layer.py gives it this type when the user's module is
+    # not importable)
+    "RoIData": DataLayer((0, 0, 3, 3), "pipeline", _DATA + "roi_data:RoIDataSource"),
 }
 
 

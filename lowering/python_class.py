@@ -1,7 +1,8 @@
 """Class-style Python layers: Caffe's PythonLayer running a ``caffe.Layer`` subclass.
 
 As Caffe does, ``python_param.module`` is imported from ``sys.path`` and the class
-``python_param.layer`` is instantiated with the LayerParameter; ``self.param_str``,
+``python_param.layer`` is instantiated with the LayerParameter; ``self.param_str`` (also as
+``self.param_str_``, old pycaffe's name, which py-faster-rcnn's layers read),
 ``self.phase`` (0 TRAIN, 1 TEST) and ``self.blobs`` are set before ``setup(bottom, top)``,
 then ``reshape(bottom, top)`` fixes the top shapes. This happens when the net is compiled
 (once per input shape): shapes in a compiled program cannot change later, so a ``reshape``
@@ -143,6 +144,7 @@ def _make_instance(layer: ir.Layer) -> Any:
         ) from None
     instance = cls(layer.param)
     instance.param_str = p.param_str
+    instance.param_str_ = p.param_str  # pycaffe before 2016 (py-faster-rcnn's layers) spelled it so
     instance.phase = 0 if layer.param.phase == 0 else 1
     if not isinstance(getattr(instance, "blobs", None), BlobVec):
         instance.blobs = BlobVec()

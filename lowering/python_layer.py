@@ -87,11 +87,17 @@ def register_builtin_python_layer(module: str, layer: str, fn: Callable) -> None
     _BUILTIN[(module, layer)] = fn
 
 
-def _builtin(layer: ir.Layer) -> Callable | None:
-    """caffe2jax's own implementation of ``layer``'s Python class, when it has one and the
-    user's sys.path has no such module."""
+#: Python data layers of the forks' models that caffe2jax reads itself: (module, layer) ->
+#: the data layer type of lowering.data.DATA_LAYERS that stands in for them (py-faster-rcnn's
+#: RoIDataLayer -> "RoIData"), under the same rule as _BUILTIN.
+_BUILTIN_DATA: dict[tuple[str, str], str] = {("roi_data_layer.layer", "RoIDataLayer"): "RoIData"}
+
+
+def _builtin(layer: ir.Layer, table: dict | None = None) -> Any:
+    """caffe2jax's own implementation of ``layer``'s Python class (from ``table``, default the
+    lowerings), when it has one and the user's sys.path has no such module."""
     p = layer.param.python_param
-    fn = _BUILTIN.get((p.module, p.layer))
+    fn = (_BUILTIN if table is None else table).get((p.module, p.layer))
     if fn is None:
         return None
     try:
@@ -205,6 +211,14 @@ def _with_backward(layer: ir.Layer, entry: PythonLayer, param_str: str, ctx) -> 
     return run
 
 
+def _as_data_layer(layer: ir.Layer, type_name: str) -> ir.Layer:
+    """``layer`` as caffe2jax's data layer ``type_name`` (same name, tops and param_str)."""
+    param = type(layer.param)()
+    param.CopyFrom(layer.param)
+    param.type = type_name
+    return dataclasses.replace(layer, type=type_name, param=param)
+
+
 def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLayer]]:
     """The class-style Python layers of ``net`` that have neither bottoms nor blobs (data
     layers such as a file reader, or a top a script fills by hand) as
@@ -214,6 +228,12 @@ def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLay
     hosts, layers = [], []
     for layer in net.layers:
         host = None
+        builtin = None
+        if layer.type == "Python" and not layer.bottoms and _registered(layer) is None:
+            builtin = _builtin(layer, _BUILTIN_DATA)
+        if builtin is not None:
+            layers.append(_as_data_layer(layer, builtin))
+            continue
         if layer.type == "Python" and not layer.bottoms and _registered(layer) is None:
             host = _class_style(layer, lambda layer: python_class.host_data_layer(layer))
         if host is None:
@@ -221,7 +241,7 @@ def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLay
             continue
         hosts.append(host)
         layers.append(dataclasses.replace(layer, type="Input"))
-    if not hosts:
+    if not hosts and all(a is b for a, b in zip(layers, net.layers)):
         return net, []
     return dataclasses.replace(net, layers=tuple(layers)), hosts
 

@@ -112,12 +112,18 @@ class Net:
         self._params = ParamBlobs(model.dtype)
         self._params.own(graph)
         self.params: OrderedDict[str, list[Blob]] = OrderedDict()
-        self.layers: list[Layer] = []
+        self.layers: list[Any] = []
+        instances = {host.name: host.instance for host in compiled.host}
         for caffe in layout.layers:
             blobs = [] if caffe.key is None else self._params.of_layer(graph, caffe.key)
             if blobs:
                 self.params[caffe.key] = blobs
-            self.layers.append(Layer(caffe.name, layout.type_of(caffe), blobs, self))
+            # pycaffe hands back a Python layer's own object (py-faster-rcnn's train.py calls
+            # solver.net.layers[0].set_roidb(roidb) on its data layer)
+            view = instances.get(caffe.name) or Layer(
+                caffe.name, layout.type_of(caffe), blobs, self
+            )
+            self.layers.append(view)
         self._params.show(params, state)
 
     # -- structure ----------------------------------------------------------------------------
