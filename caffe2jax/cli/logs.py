@@ -77,5 +77,11 @@ def setup(
     return logger
 
 
-def is_terminal(stream: TextIO = sys.stderr) -> bool:
-    return hasattr(stream, "isatty") and stream.isatty()
+def is_terminal(stream: TextIO | None = None) -> bool:
+    """Whether ``stream`` (default: the current ``sys.stderr``, looked up at call time) is a
+    terminal; a closed or detached stream is not."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return hasattr(stream, "isatty") and stream.isatty()
+    except ValueError:
+        return False
