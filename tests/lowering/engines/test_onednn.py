@@ -156,6 +156,27 @@ def test_jitted_train_step_uses_onednn_backward():
         close(a, b, "grad")
 
 
+def test_depthwise_forward_and_backward_match_xla():
+    """Depthwise convolutions (group = channels) take oneDNN under ``auto`` at any size
+    (lowering/engines/policy.py): its forward and both gradients equal lax's grouped conv."""
+    x = np.random.default_rng(6).standard_normal((2, 9, 11, 8)).astype(np.float32)
+    w = np.random.default_rng(7).standard_normal((8, 1, 3, 3)).astype(np.float32)
+
+    def f(x, w):
+        return onednn.convolution(x, w, (2, 2), (1, 1), (1, 1), 8, channels_last=True)
+
+    def g(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (2, 2), [(1, 1), (1, 1)], feature_group_count=8,
+            dimension_numbers=("NHWC", "OIHW", "NHWC"),
+        )  # fmt: skip
+
+    close(jax.jit(f)(x, w), g(x, w), "forward")
+    grads = [jax.grad(lambda x, w, h=h: (h(x, w) ** 2).sum(), (0, 1)) for h in (f, g)]
+    for a, b in zip(jax.jit(grads[0])(x, w), grads[1](x, w)):
+        close(a, b, "grad")
+
+
 def test_missing_library_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: "no libdnnl here")
     monkeypatch.setenv(policy.CONV_ENV, "onednn")

@@ -124,6 +124,10 @@ def conv(x=(8, 16, 32, 32), w=(32, 16, 3, 3), pad=(1, 1), group=1, macs=None, dt
         ({"conv": "onednn-all"}, conv(w=(32, 16, 1, 1), pad=(0, 0)), "onednn"),
         ({}, conv(), "onednn"),  # 8·32·32·32·144 multiply-adds ≥ 16M
         ({}, conv(macs=16_000_000 - 1), "xla"),
+        # depthwise: oneDNN at any size (XLA:CPU's grouped convolution is slow)
+        ({}, conv(w=(16, 1, 3, 3), group=16, macs=1_000), "onednn"),
+        ({"conv": "xla"}, conv(w=(16, 1, 3, 3), group=16), "xla"),
+        ({}, conv(x=(8, 1, 32, 32), w=(16, 1, 3, 3), macs=1_000, channels_last=False), "xla"),
         ({"onednn_min_macs": 1_000}, conv(macs=1_000), "onednn"),
         ({"conv": "xla"}, conv(), "xla"),
         ({}, conv(dtype=np.float64), "xla"),
