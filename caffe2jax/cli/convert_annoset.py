@@ -7,10 +7,9 @@ import argparse
 import logging
 
 from caffe2jax.cli.args import int32
-from caffe2jax.cli.convert_imageset import add_flag
+from caffe2jax.cli.convert_imageset import add_flag, add_storage_flags
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.annoset import LABEL_TYPES, convert_annoset
-from caffe2jax.runtime.data.db import BACKENDS
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -39,14 +38,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     for name, what in sizes:
         parser.add_argument(f"--{name}", f"-{name}", type=int32, default=0, metavar="N",
                             help=what)  # fmt: skip
-    add_flag(parser, "gray", "read images as 1-channel gray")
-    add_flag(parser, "shuffle", "shuffle the list first")
-    add_flag(parser, "encoded", "store the images compressed")
-    add_flag(parser, "check_size", "require every image to have the first one's size")
-    parser.add_argument("--encode_type", "-encode_type", default="", metavar="EXT",
-                        help="png, jpg, ... (default: from each file's extension)")  # fmt: skip
-    parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
-    parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
+    add_storage_flags(parser)
     parser.set_defaults(func=run)
 
 

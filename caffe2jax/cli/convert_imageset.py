@@ -29,6 +29,19 @@ def add_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None
                         help=argparse.SUPPRESS)  # fmt: skip
 
 
+def add_storage_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags convert_imageset and the SSD fork's convert_annoset share: how images are
+    read and stored, the list order and the database backend."""
+    add_flag(parser, "gray", "read images as 1-channel gray")
+    add_flag(parser, "shuffle", "shuffle the list first")
+    add_flag(parser, "encoded", "store the images compressed")
+    add_flag(parser, "check_size", "require every image to have the first one's size")
+    parser.add_argument("--encode_type", "-encode_type", default="", metavar="EXT",
+                        help="png, jpg, ... (default: from each file's extension)")  # fmt: skip
+    parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
+    parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
+
+
 def add(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "convert_imageset",
@@ -43,14 +56,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     for name in ("resize_height", "resize_width"):
         parser.add_argument(f"--{name}", f"-{name}", type=int32, default=0, metavar="N",
                             help="resize images to this size (both must be set)")  # fmt: skip
-    add_flag(parser, "gray", "read images as 1-channel gray")
-    add_flag(parser, "shuffle", "shuffle the list first")
-    add_flag(parser, "encoded", "store the images compressed")
-    add_flag(parser, "check_size", "require every image to have the first one's size")
-    parser.add_argument("--encode_type", "-encode_type", default="", metavar="EXT",
-                        help="png, jpg, ... (default: from each file's extension)")  # fmt: skip
-    parser.add_argument("--backend", "-backend", choices=BACKENDS, default="lmdb")
-    parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
+    add_storage_flags(parser)
     parser.set_defaults(func=run)
 
 
