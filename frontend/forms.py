@@ -37,6 +37,11 @@ Interp,            ``deeplab-v1`` DeepLab v1 (exactly one of zoom/shrink/height+
 ImageSegData                      ``""``: PSPNet / DeepLab v2 rules
 Pooling            ``darknet2caffe``  darknet2caffe's Caffe: one more output row and column
                                   when (kernel - stride) is odd (yolov3-tiny's 2x2/1 pools)
+Python             ``rfcn``       py-R-FCN's ``rpn.proposal_layer`` / ``rpn.proposal_target_
+                                  layer`` (same module names as py-faster-rcnn's; its
+                                  rfcn_end2end_ohem.yml config, 4-D class-agnostic targets of
+                                  every proposal): a net of the R-FCN dialect (PSROIPooling,
+                                  OHEM layers) without Faster R-CNN's
 =================  =============  ============================================================
 
 Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
@@ -140,6 +145,15 @@ def _pooling(param: Param, dialect: Dialect) -> str:
     return "darknet2caffe" if dialect.has("darknet2caffe") else ""
 
 
+#: Python layer modules whose py-R-FCN version differs from py-faster-rcnn's.
+RFCN_MODULES = ("rpn.proposal_layer", "rpn.proposal_target_layer")
+
+
+def _python(param: Param, dialect: Dialect) -> str:
+    rfcn = dialect.has("rfcn") and not dialect.has("frcnn")
+    return "rfcn" if rfcn and param.python_param.module in RFCN_MODULES else ""
+
+
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "BN": _bn,
     "Upsample": _upsample,
@@ -152,6 +166,7 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "Interp": _deeplab,
     "ImageSegData": _deeplab,
     "Pooling": _pooling,
+    "Python": _python,
 }
 
 #: The forms each type can take (documentation for the lowering; see the table above).
@@ -167,6 +182,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "Interp": ("", "deeplab-v1"),
     "ImageSegData": ("", "deeplab-v1"),
     "Pooling": ("", "darknet2caffe"),
+    "Python": ("", "rfcn"),
 }
 assert set(FORMS) == set(_RULES)
 

@@ -22,6 +22,7 @@ from caffe2jax.lowering import (  # noqa: F401
     python_layer,
     recurrent,
     roi,
+    rpn_rfcn,
     rpn_targets,
     shape,
     smooth_l1,

@@ -1,12 +1,15 @@
 """R-FCN's online hard example mining layers (Microsoft/caffe@1a2be8e, the commit py-R-FCN
 requires), as their GPU code computes them (the CPU paths are NOT_IMPLEMENTED in the fork).
 
-**SoftmaxWithLossOHEM** (softmax_loss_ohem_layer.cu): BVLC's SoftmaxWithLoss plus a third top,
-each position's loss ``−log(max(p_label, FLT_MIN))`` (0 where ``ignore_label``), unnormalised,
-shaped like the labels. Normaliser: FULL outer·inner; VALID the counted positions (all of them
-without ``ignore_label``); BATCH_SIZE outer; NONE 1; at least 1; legacy ``normalize`` maps to
-VALID / BATCH_SIZE. PRE_FIXED is a LOG(FATAL) in this layer. The backward reads the loss top's
-diff only: the prob and per-instance tops carry no gradient.
+**SoftmaxWithLossOHEM** (softmax_loss_ohem_layer.cu): BVLC's SoftmaxWithLoss plus a third top, each
+position's loss ``−log(max(p_label, FLT_MIN))`` (0 where ``ignore_label``), unnormalised, shaped
+like the labels. A negative label without ``ignore_label`` (the fork reads memory before the row:
+undefined) gives loss 0 and is not counted: it marks the padding rows of the built-in py-R-FCN
+proposal target layer (lowering/rpn_rfcn.py), which R-FCN's train net feeds to this layer without
+an ``ignore_label``. A label ≥ the class count gives NaN. Normaliser: FULL outer·inner; VALID the
+counted positions (without ``ignore_label``: those of label ≥ 0); BATCH_SIZE outer; NONE 1; at
+least 1; legacy ``normalize`` maps to VALID / BATCH_SIZE. PRE_FIXED is a LOG(FATAL) in this layer.
+The backward reads the loss top's diff only: the prob and per-instance tops carry no gradient.
 
 **SmoothL1LossOHEM** (smooth_L1_loss_ohem_layer.cu): bottoms pred, target and optional weights
 w, all with the same (legacy 4-D) channels, height and width. d = w·(pred − target);
@@ -85,7 +88,7 @@ def softmax_with_loss_ohem(layer, params, bottoms, ctx):
     # value −log(max(p, FLT_MIN)); gradient p − onehot (the fork's backward ignores the clamp)
     nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
     lp = layer.param.loss_param
-    counted = lab != lp.ignore_label if lp.HasField("ignore_label") else jnp.ones_like(lab, bool)
+    counted = lab != lp.ignore_label if lp.HasField("ignore_label") else lab >= 0
     in_range = (lab >= 0) & (lab < classes)
     per = jnp.where(counted, jnp.where(in_range, nll, jnp.nan), 0)
     n = {_MODE.FULL: outer * inner, _MODE.VALID: jnp.sum(counted), _MODE.BATCH_SIZE: outer,

@@ -17,7 +17,9 @@ lib/fast_rcnn/bbox_transform.py, config.py and nms/py_cpu_nms.py:
   ``RPN_MIN_SIZE·scale`` dropped, sorted by score (descending; ties keep anchor order — numpy's
   argsort leaves them unspecified), ``RPN_PRE_NMS_TOP_N`` kept, NMS at ``RPN_NMS_THRESH``
   (+1 areas, IoU ≤ threshold kept), ``RPN_POST_NMS_TOP_N`` kept. Config: TEST 6000 / 300 /
-  0.7 / 16, TRAIN 12000 / 2000 / 0.7 / 16 (cfg.TEST / cfg.TRAIN).
+  0.7 / 16, TRAIN 12000 / 2000 / 0.7 / 16 (cfg.TEST / cfg.TRAIN). py-R-FCN's layer
+  (``layer.form == "rfcn"``, frontend/forms.py) is the same code run with
+  experiments/cfgs/rfcn_end2end_ohem.yml: TRAIN 6000 / 300 / 0.7 / 16.
 
 Tops: rois (R, 5) [0, x1, y1, x2, y2] and optionally scores (R, 1). py-faster-rcnn's R is the
 number kept; here R is the static ``RPN_POST_NMS_TOP_N`` (capped by the candidates there can
@@ -41,6 +43,9 @@ from caffe2jax.lowering.util import fail
 #: cfg.TEST / cfg.TRAIN of lib/fast_rcnn/config.py: pre-NMS top N, post-NMS top N, NMS
 #: threshold, min size.
 CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (12000, 2000, 0.7, 16)}
+
+#: The same for py-R-FCN's rfcn_end2end_ohem.yml (RPN_PRE/POST_NMS_TOP_N 6000 / 300 in TRAIN).
+RFCN_CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (6000, 300, 0.7, 16)}
 
 _ENTRY = re.compile(
     r"""['"]?(\w+)['"]?\s*:\s*(?:!!python/tuple\s*)?(\[[^\]]*\]|\([^)]*\)|[^,\n}]+)"""
@@ -127,7 +132,7 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx):
         stride, anchors = _settings(layer.param.python_param.param_str)
     except ValueError as err:
         raise fail(layer, str(err)) from None
-    pre, post, thresh, min_size = CONFIG[ctx.phase]
+    pre, post, thresh, min_size = (RFCN_CONFIG if layer.form == "rfcn" else CONFIG)[ctx.phase]
     info = im_info.reshape(-1)
     boxes, fg = _proposals(scores, deltas, info, stride, anchors)
     ws = boxes[:, 2] - boxes[:, 0] + 1

@@ -2,12 +2,13 @@
 ``rpn.anchor_target_layer.AnchorTargetLayer`` and ``rpn.proposal_target_layer.
 ProposalTargetLayer``.
 
-A net naming either in ``python_param`` runs this version unless the user registered a JAX
-function for it or their own module is importable from sys.path (then their class runs, as in
-Caffe). Reproduced from py-faster-rcnn@781a917 lib/rpn/anchor_target_layer.py,
-proposal_target_layer.py and the end2end config (lib/fast_rcnn/config.py with
-experiments/cfgs/faster_rcnn_end2end.yml): the thresholds, fractions and batch sizes in
-:data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the fork's.
+A net naming either in ``python_param`` runs this version unless the user registered a JAX function
+for it or their own module is importable from sys.path (then their class runs, as in Caffe; the
+registration of the proposal target layer, with py-R-FCN's form of it, is in
+:mod:`~caffe2jax.lowering.rpn_rfcn`). Reproduced from py-faster-rcnn@781a917
+lib/rpn/anchor_target_layer.py, proposal_target_layer.py and the end2end config
+(lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml): the thresholds, fractions
+and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the fork's.
 
 What differs from the numpy original (both layers have no backward there; here their tops are
 constants for the gradient, ``stop_gradient``):
@@ -63,7 +64,7 @@ PROPOSAL_CFG = {
 }
 
 
-def _gt(gt_boxes: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+def gt_rows(gt_boxes: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     """(boxes (G, 4) with padding rows zeroed, valid (G,)) of a (G, 5) gt_boxes array."""
     gt = lax.stop_gradient(gt_boxes).reshape(-1, 5).astype(dtype)
     valid = gt_valid(gt)
@@ -138,7 +139,7 @@ def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
     height, width = bottoms[0].shape[-2:]
     a = base.shape[0]
     anchors = jnp.asarray(shifted_anchors(height, width, stride, base), dtype)
-    gt, valid = _gt(bottoms[1], dtype)
+    gt, valid = gt_rows(bottoms[1], dtype)
     info = lax.stop_gradient(bottoms[2]).reshape(-1).astype(dtype)
     inside = (
         (anchors[:, 0] >= -border) & (anchors[:, 1] >= -border)
@@ -159,7 +160,7 @@ def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
     return [lax.stop_gradient(t.astype(ctx.dtype)) for t in tops]
 
 
-def _rois_valid(rois: jax.Array) -> jax.Array:
+def rois_valid(rois: jax.Array) -> jax.Array:
     """Rows of a proposal array that are not padding (padding: all zeros)."""
     return jnp.any(rois != 0, axis=1)
 
@@ -186,7 +187,7 @@ def sample_rois(cand, overlaps, valid_gt, key, rois_per_image, fg_per_image, cfg
     return order[slots], assign, fg_take, slots < fg_take
 
 
-def _num_classes(layer: ir.Layer) -> int:
+def num_classes(layer: ir.Layer) -> int:
     params = parse_param_str(layer.param.python_param.param_str)
     if "num_classes" not in params:
         raise fail(layer, "ProposalTargetLayer's param_str needs 'num_classes'")
@@ -199,15 +200,15 @@ def proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=PROPOSAL_CF
     if len(bottoms) != 2 or len(layer.tops) != 5:
         raise fail(layer, "ProposalTargetLayer takes bottoms (rpn_rois, gt_boxes) and gives 5 "
                           f"tops; got {len(bottoms)} and {len(layer.tops)}")  # fmt: skip
-    classes = _num_classes(layer)
+    classes = num_classes(layer)
     dtype = jnp.float32
     rois = lax.stop_gradient(bottoms[0]).reshape(-1, 5).astype(dtype)
-    gt, valid = _gt(bottoms[1], dtype)
+    gt, valid = gt_rows(bottoms[1], dtype)
     labels_gt = lax.stop_gradient(bottoms[1]).reshape(-1, 5)[:, 4].astype(jnp.int32)
     per_image = int(cfg["BATCH_SIZE"])
-    gt_rows = jnp.concatenate([jnp.zeros((gt.shape[0], 1), dtype), gt], axis=1)
-    all_rois = jnp.concatenate([rois, gt_rows])
-    cand = jnp.concatenate([_rois_valid(rois), valid])
+    as_rois = jnp.concatenate([jnp.zeros((gt.shape[0], 1), dtype), gt], axis=1)
+    all_rois = jnp.concatenate([rois, as_rois])
+    cand = jnp.concatenate([rois_valid(rois), valid])
     pad = max(per_image - all_rois.shape[0], 0)
     all_rois = jnp.pad(all_rois, ((0, pad), (0, 0)))
     cand = jnp.pad(cand, (0, pad))
@@ -227,6 +228,3 @@ def proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=PROPOSAL_CF
 
 
 register_builtin_python_layer("rpn.anchor_target_layer", "AnchorTargetLayer", anchor_target_layer)
-register_builtin_python_layer(
-    "rpn.proposal_target_layer", "ProposalTargetLayer", proposal_target_layer
-)

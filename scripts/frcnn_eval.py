@@ -33,15 +33,16 @@ TRAIN_ONLY = ("rpn-data", "rpn_loss_cls", "rpn_loss_bbox", "roi-data", "loss_cls
 STDS = np.array([0.1, 0.1, 0.2, 0.2], np.float32)
 
 
-def test_net_text(train_text: str, height: int, width: int) -> str:
-    """The test net of a py-faster-rcnn end2end train prototxt (module docstring)."""
+def test_net_text(train_text: str, height: int, width: int, train_only=TRAIN_ONLY) -> str:
+    """The test net of a py-faster-rcnn end2end train prototxt (module docstring), without the
+    layers named in ``train_only``."""
     from caffe2jax.frontend import caffe_pb2
 
     net = caffe_pb2.NetParameter()
     text_format.Parse(train_text, net)
     out = caffe_pb2.NetParameter(name=net.name)
     for layer in net.layer:
-        if layer.name in TRAIN_ONLY:
+        if layer.name in train_only:
             continue
         if layer.type == "Python" and layer.python_param.module == "roi_data_layer.layer":
             data = out.layer.add(name="input", type="Input", top=["data", "im_info"])
@@ -110,14 +111,16 @@ def class_ap(dets: list, truth: list, cls: int, eleven: bool = False) -> float:
 
 
 def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 128,
-             seed: int = 1000, classes: int = 4) -> dict:  # fmt: skip
+             seed: int = 1000, classes: int = 4, train_only=TRAIN_ONLY,
+             unnormalize=unnormalize) -> dict:  # fmt: skip
     """mAP (all-point and 11-point) and per-class AP of ``weights`` on ``count`` held-out
-    synthetic images (``seed`` differs from the training set's)."""
+    synthetic images (``seed`` differs from the training set's); ``train_only`` and
+    ``unnormalize`` as for py-faster-rcnn unless given (scripts/rfcn_train.py: R-FCN's)."""
     import caffe2jax as caffe
     from caffe2jax.runtime.data.roi_data import PIXEL_MEANS
     from caffe2jax.runtime.detections import from_rcnn
 
-    text = test_net_text(Path(train_prototxt).read_text(), size, size)
+    text = test_net_text(Path(train_prototxt).read_text(), size, size, train_only)
     with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:
         f.write(text)
     net = caffe.Net(f.name, str(weights), caffe.TEST)

@@ -47,6 +47,16 @@ def test_softmax_loss_ohem_tops(param, divisor):
     assert blobs["prob"].shape == (4, 3)
 
 
+def test_softmax_loss_ohem_negative_label_without_ignore_label():
+    """A −1 label with no ignore_label (the padding rows of the built-in py-R-FCN proposal
+    target layer): loss 0, not counted; a label past the classes stays NaN."""
+    blobs = ours(_softmax_text(""), {"x": SCORES, "labels": LABELS})
+    np.testing.assert_allclose(blobs["per_roi"], _per_roi().reshape(4, 1, 1, 1), rtol=1e-6)
+    np.testing.assert_allclose(blobs["loss"], _per_roi().sum() / 3, rtol=1e-6)
+    high = np.array([2, 3, 0, 1], np.float32).reshape(4, 1, 1, 1)
+    assert np.isnan(ours(_softmax_text(""), {"x": SCORES, "labels": high})["per_roi"][1]).all()
+
+
 def test_softmax_loss_ohem_gradient_and_refusals():
     fd_check(_softmax_text("ignore_label: -1", tops=1), {"x": SCORES}, "loss",
              fixed={"labels": LABELS})  # fmt: skip
