@@ -18,10 +18,13 @@ PROGRESS = re.compile(
 )
 
 
-def test_progress_lines_carry_the_running_reward_and_the_time():
+def test_progress_lines_carry_the_running_reward_and_the_time(tmp_path):
     solver = EXAMPLES / "cartpole_softmax_solver.prototxt"
-    proc = run_cli("rl", "--solver", solver, "--seed", "0", "--episodes", "30", "--every", "10")
+    proc = run_cli("rl", "--solver", solver, "--seed", "0", "--episodes", "30", "--every", "10",
+                   cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # the solver's relative snapshot_prefix lands in the working directory, as in Caffe
+    assert (tmp_path / "cartpole_softmax_iter_3.caffemodel").is_file()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("Episode")]
     assert [PROGRESS.fullmatch(line).group(1) for line in lines] == ["10", "20", "30"]
     assert re.search(r"Stopped after 30 episodes: .* running reward -?\d+\.\d{3} ", proc.stdout)
