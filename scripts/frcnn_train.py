@@ -46,18 +46,23 @@ MODEL = ROOT.parent / "shared" / "forks" / "models" / "faster_rcnn_vgg16_train.p
 CLASSES = 4
 
 
-def train_prototxt(lmdb: Path, size: int, source: Path = MODEL) -> str:
-    """The fork's train prototxt with data paths and sizes rewritten (module docstring)."""
-    text = source.read_text()
-    data = (f"'num_classes': {CLASSES} \\n'source': '{lmdb}' \\n'scale': {size} "
+def rewrite_data(text: str, lmdb: Path, size: int, classes: int = CLASSES) -> str:
+    """A py-faster-rcnn / py-R-FCN train prototxt with the RoIDataLayer's ``param_str`` given
+    the LMDB, ``scale`` = ``size`` and ``classes``, and anchor ``scales`` (2, 4, 8)."""
+    data = (f"'num_classes': {classes} \\n'source': '{lmdb}' \\n'scale': {size} "
             f"\\n'max_size': {max(size, 1000)}")  # fmt: skip
     text = text.replace("param_str: \"'num_classes': 21\"", f'param_str: "{data}"', 1)
-    text = text.replace(
-        "param_str: \"'num_classes': 21\"", f"param_str: \"'num_classes': {CLASSES}\""
-    )
-    text = text.replace(
+    return text.replace(
         "param_str: \"'feat_stride': 16\"",
         "param_str: \"'feat_stride': 16 \\n'scales': !!python/tuple [2, 4, 8]\"",
+    )
+
+
+def train_prototxt(lmdb: Path, size: int, source: Path = MODEL) -> str:
+    """The fork's train prototxt with data paths and sizes rewritten (module docstring)."""
+    text = rewrite_data(source.read_text(), lmdb, size)
+    text = text.replace(
+        "param_str: \"'num_classes': 21\"", f"param_str: \"'num_classes': {CLASSES}\""
     )
     text = re.sub(r"num_output: 21\b", f"num_output: {CLASSES}", text)
     return re.sub(r"num_output: 84\b", f"num_output: {4 * CLASSES}", text)
@@ -106,20 +111,45 @@ def losses(log: str) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for i, v in found]
 
 
-def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int) -> Path:
-    """Data set, rewritten train prototxt, solver and random init weights in ``work``."""
+def prepare_work(work: Path, size: int, count: int, net_text, solver_for, init) -> Path:
+    """The synthetic data set, the train prototxt ``net_text(lmdb)``, the solver
+    ``solver_for(net, snap_dir)`` and init weights ``init(net, out)`` in ``work``."""
     work.mkdir(parents=True, exist_ok=True)
-    if not (work / "boxes_lmdb").exists():
-        make_boxes(work / "boxes_lmdb", count=count, size=size, seed=0)
+    lmdb = work / "boxes_lmdb"
+    if not lmdb.exists():
+        make_boxes(lmdb, count=count, size=size, seed=0)
     net = work / "train.prototxt"
-    net.write_text(train_prototxt((work / "boxes_lmdb").resolve(), size))
+    net.write_text(net_text(lmdb.resolve()))
     (work / "snap").mkdir(exist_ok=True)
     solver = work / "solver.prototxt"
-    solver.write_text(solver_text(net.resolve(), (work / "snap" / "vgg16").resolve(),
-                                  max_iter, snapshot))  # fmt: skip
+    solver.write_text(solver_for(net.resolve(), (work / "snap").resolve()))
     if not (work / "init.caffemodel").exists():
-        init_weights(net, work / "init.caffemodel")
+        init(net, work / "init.caffemodel")
     return solver
+
+
+def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int) -> Path:
+    """Data set, rewritten train prototxt, solver and random init weights in ``work``."""
+    return prepare_work(work, size, count, lambda lmdb: train_prototxt(lmdb, size),
+                        lambda net, snap: solver_text(net, snap / "vgg16", max_iter, snapshot),
+                        init_weights)  # fmt: skip
+
+
+def train_and_evaluate(work: Path, solver: Path, iters: int, size: int, prefix: str,
+                       **evaluation) -> None:  # fmt: skip
+    """``caffe2jax train`` from init.caffemodel, the loss curve, then each snapshot's VOC mAP
+    (scripts/frcnn_eval.py's ``evaluate`` with ``evaluation``'s options)."""
+    from scripts.frcnn_eval import evaluate
+
+    start = time.time()
+    log = cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force", cwd=work)
+    print(f"{iters} iterations in {time.time() - start:.0f} s")
+    for it, value in losses(log):
+        print(f"iteration {it}: loss {value:.4f}")
+    for snap in sorted((work / "snap").glob(f"{prefix}_iter_*.caffemodel"),
+                       key=lambda p: int(p.stem.split("_")[-1])):  # fmt: skip
+        result = evaluate(work / "train.prototxt", snap, size=size, **evaluation)
+        print(f"{snap.name}: mAP {result['mAP']:.3f} (11-point {result['mAP11']:.3f})")
 
 
 def resume_check(work: Path, size: int) -> bool:
@@ -188,19 +218,8 @@ def main() -> None:
     if args.resume_check:
         print("resume exact:", resume_check(args.work / "resume", args.size))
         return
-    from scripts.frcnn_eval import evaluate
-
     solver = prepare(args.work, args.size, args.count, args.iters, args.snapshot)
-    start = time.time()
-    log = cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force",
-              cwd=args.work)  # fmt: skip
-    print(f"{args.iters} iterations in {time.time() - start:.0f} s")
-    for it, value in losses(log):
-        print(f"iteration {it}: loss {value:.4f}")
-    for snap in sorted((args.work / "snap").glob("vgg16_iter_*.caffemodel"),
-                       key=lambda p: int(p.stem.split("_")[-1])):  # fmt: skip
-        result = evaluate(args.work / "train.prototxt", snap, size=args.size)
-        print(f"{snap.name}: mAP {result['mAP']:.3f} (11-point {result['mAP11']:.3f})")
+    train_and_evaluate(args.work, solver, args.iters, args.size, "vgg16")
 
 
 if __name__ == "__main__":

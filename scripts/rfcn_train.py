@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.frcnn_boxes import make_boxes  # noqa: E402
-from scripts.frcnn_train import cli, losses  # noqa: E402
+from scripts.frcnn_train import prepare_work, rewrite_data, train_and_evaluate  # noqa: E402
 
 MODEL = ROOT.parent / "shared" / "forks" / "models" / "rfcn_resnet50_voc_train_ohem.prototxt"
 CLASSES = 4
@@ -61,14 +59,7 @@ TRAIN_ONLY = ("rpn-data", "rpn_loss_cls", "rpn_loss_bbox", "roi-data", "per_roi_
 
 def train_prototxt(lmdb: Path, size: int, source: Path = MODEL) -> str:
     """The fork's train prototxt with data paths and sizes rewritten (module docstring)."""
-    text = source.read_text()
-    data = (f"'num_classes': {CLASSES} \\n'source': '{lmdb}' \\n'scale': {size} "
-            f"\\n'max_size': {max(size, 1000)}")  # fmt: skip
-    text = text.replace("param_str: \"'num_classes': 21\"", f'param_str: "{data}"', 1)
-    text = text.replace(
-        "param_str: \"'feat_stride': 16\"",
-        "param_str: \"'feat_stride': 16 \\n'scales': !!python/tuple [2, 4, 8]\"",
-    )
+    text = rewrite_data(source.read_text(), lmdb, size, CLASSES)
     text = re.sub(r"num_output: 1029\b", f"num_output: {CLASSES * GROUP * GROUP}", text)
     return re.sub(r"output_dim: 21\b", f"output_dim: {CLASSES}", text)
 
@@ -149,18 +140,11 @@ def unnormalize_rfcn(net) -> None:
 def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int, lr: float = 0.001,
             stepsize: int = 80000) -> Path:  # fmt: skip
     """Data set, rewritten train prototxt, solver and random init weights in ``work``."""
-    work.mkdir(parents=True, exist_ok=True)
-    if not (work / "boxes_lmdb").exists():
-        make_boxes(work / "boxes_lmdb", count=count, size=size, seed=0)
-    net = work / "train.prototxt"
-    net.write_text(train_prototxt((work / "boxes_lmdb").resolve(), size))
-    (work / "snap").mkdir(exist_ok=True)
-    solver = work / "solver.prototxt"
-    solver.write_text(solver_text(net.resolve(), (work / "snap" / "rfcn").resolve(),
-                                  max_iter, snapshot, lr, stepsize))  # fmt: skip
-    if not (work / "init.caffemodel").exists():
-        init_weights(net, work / "init.caffemodel", size)
-    return solver
+    return prepare_work(
+        work, size, count, lambda lmdb: train_prototxt(lmdb, size),
+        lambda net, snap: solver_text(net, snap / "rfcn", max_iter, snapshot, lr, stepsize),
+        lambda net, out: init_weights(net, out, size),
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -173,21 +157,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.001, help="base_lr (the recipe's 0.001)")
     parser.add_argument("--stepsize", type=int, default=80000, help="the recipe's 80000")
     args = parser.parse_args()
-    from scripts.frcnn_eval import evaluate
-
     solver = prepare(args.work, args.size, args.count, args.iters, args.snapshot, args.lr,
                      args.stepsize)  # fmt: skip
-    start = time.time()
-    log = cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force",
-              cwd=args.work)  # fmt: skip
-    print(f"{args.iters} iterations in {time.time() - start:.0f} s")
-    for it, value in losses(log):
-        print(f"iteration {it}: loss {value:.4f}")
-    for snap in sorted((args.work / "snap").glob("rfcn_iter_*.caffemodel"),
-                       key=lambda p: int(p.stem.split("_")[-1])):  # fmt: skip
-        result = evaluate(args.work / "train.prototxt", snap, size=args.size,
-                          train_only=TRAIN_ONLY, unnormalize=unnormalize_rfcn)  # fmt: skip
-        print(f"{snap.name}: mAP {result['mAP']:.3f} (11-point {result['mAP11']:.3f})")
+    train_and_evaluate(args.work, solver, args.iters, args.size, "rfcn", train_only=TRAIN_ONLY,
+                       unnormalize=unnormalize_rfcn)  # fmt: skip
 
 
 if __name__ == "__main__":
