@@ -20,7 +20,8 @@ Top (1, 1, C' + D, 5), C' = num_classes − 1 (num_classes when background_label
   read as a header.
 
 The C++ sorts each (image, label) group with std::sort (unstable); equal scores here keep the
-detection rows' order. ``name_size_file`` (IoU on pixel boxes rescaled per image) is refused.
+detection rows' order. With ``name_size_file`` (and ``resize_param``) the boxes are compared in
+pixels of each image's listed size: lowering/detection_pixels.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from caffe2jax.lowering.bbox_match import ground_truth, jaccard
-from caffe2jax.lowering.registry import register
+from caffe2jax.lowering.detection_pixels import (
+    image_ranks,
+    jaccard_pixels,
+    name_sizes,
+    output_bbox,
+    resize_settings,
+)
+from caffe2jax.lowering.registry import ParamDecl, register
 from caffe2jax.lowering.util import fail
 
 
@@ -39,11 +47,10 @@ def _settings(layer) -> dict:
         raise fail(layer, "must provide num_classes")
     if p.overlap_threshold <= 0:
         raise fail(layer, "overlap_threshold must be positive")
-    if p.HasField("name_size_file") or p.HasField("resize_param"):
-        raise fail(layer, "name_size_file / resize_param (evaluation on pixel boxes) is not "
-                          "supported; boxes are evaluated normalized")  # fmt: skip
+    sizes = name_sizes(layer, p.name_size_file) if p.HasField("name_size_file") else None
     return dict(classes=p.num_classes, background=p.background_label_id,
-                threshold=p.overlap_threshold, difficult=p.evaluate_difficult_gt)  # fmt: skip
+                threshold=p.overlap_threshold, difficult=p.evaluate_difficult_gt, sizes=sizes,
+                resize=resize_settings(layer))  # fmt: skip
 
 
 def _headers(gt, s: dict, dtype):
@@ -65,9 +72,21 @@ def _ordered(det):
     return det[order], valid[order]
 
 
-def _evaluate(det, valid, gt, s: dict):
+def _pixel_iou(det, gt, s: dict, count):
+    """IoU of the rows with the gts in pixels of their images' sizes, and the new count_."""
+    sizes = jnp.asarray(s["sizes"])
+    n = sizes.shape[0]
+    items = det[:, 0].astype(jnp.int32)
+    det_rank, present = image_ranks(items, items)
+    gt_rank, _ = image_ranks(items, gt["item"])
+    start = count.astype(jnp.int32)
+    a, size_a = output_bbox(det[:, 3:7], sizes[(start + det_rank) % n], s["resize"])
+    b, size_b = output_bbox(gt["boxes"], sizes[(start + gt_rank) % n], s["resize"])
+    return jaccard_pixels(a, size_a, b, size_b), (start + present) % n
+
+
+def _evaluate(det, valid, gt, s: dict, iou):
     """(tp, fp) per sorted detection row: the greedy scan with the used gts as carry."""
-    iou = jaccard(det[:, 3:7], gt["boxes"])
     same = (det[:, 0:1].astype(jnp.int32) == gt["item"][None, :]) & gt["valid"][None, :]
     same = same & (det[:, 1:2].astype(jnp.int32) == gt["label"][None, :])
     scores = jnp.where(same, iou, -1.0)
@@ -91,8 +110,23 @@ def _evaluate(det, valid, gt, s: dict):
 
 @register("DetectionEvaluate", counts=(2, 2, 1, 1), no_force_backward=(0, 1))
 def detection_evaluate(layer, params, bottoms, ctx):
-    """DetectionEvaluateLayer::Forward_cpu with a static, padded top (module docstring)."""
+    """The layer's top; with ``name_size_file`` also its new image counter (carry)."""
     s = _settings(layer)
+    if s["sizes"] is None:
+        return _detection_evaluate(layer, bottoms, s)[0]
+    tops, count = _detection_evaluate(layer, bottoms, s, ctx.carry[0].reshape(()))
+    return tops, [count.astype(ctx.carry[0].dtype).reshape(1)]
+
+
+@detection_evaluate.carry_shapes
+def _(layer, bottom_shapes):
+    """``count_``: the next name_size_file line (module docstring of detection_pixels)."""
+    p = layer.param.detection_evaluate_param
+    return [ParamDecl((1,))] if p.HasField("name_size_file") else []
+
+
+def _detection_evaluate(layer, bottoms, s: dict, count=None):
+    """DetectionEvaluateLayer::Forward_cpu with a static, padded top (module docstring)."""
     det, label = (lax.stop_gradient(b) for b in bottoms)
     if det.shape[-1] != 7 or det.size // 7 != det.shape[-2] or det.ndim != 4:
         raise fail(layer, f"detections must be (1, 1, D, 7), got {list(det.shape)}")
@@ -101,10 +135,14 @@ def detection_evaluate(layer, params, bottoms, ctx):
     gt = ground_truth(label)
     gt["valid"] = jnp.cumprod(gt["present"].astype(jnp.int32)).astype(bool)
     rows, valid = _ordered(det.reshape(-1, 7))
-    tp, fp = _evaluate(rows, valid, gt, s)
+    if count is None:
+        iou = jaccard(rows[:, 3:7], gt["boxes"])
+    else:
+        iou, count = _pixel_iou(rows, gt, s, count)
+    tp, fp = _evaluate(rows, valid, gt, s, iou)
     body = jnp.stack([rows[:, 0], rows[:, 1], rows[:, 2], tp.astype(det.dtype),
                       fp.astype(det.dtype)], axis=1)  # fmt: skip
     pad = jnp.asarray([-2.0, -1.0, 0.0, 0.0, 0.0], det.dtype)
     body = jnp.where(valid[:, None], body, pad)
     out = jnp.concatenate([_headers(gt, s, det.dtype), body], axis=0)
-    return [out.reshape(1, 1, -1, 5)]
+    return [out.reshape(1, 1, -1, 5)], count

@@ -55,9 +55,16 @@ def test_threshold_above_the_exact_half_makes_a_false_positive():
     np.testing.assert_allclose(out[6], [0, 2, 0.5, 0, 1], rtol=1e-6)
 
 
-def test_name_size_file_is_refused():
-    with pytest.raises(NetError, match="'ev'.*name_size_file"):
+def test_name_size_file_problems_name_the_layer(tmp_path):
+    def compile_with(param: str):
         compile_net(net('layer { name: "ev" type: "DetectionEvaluate" bottom: "det" '
                         'bottom: "label" top: "y" detection_evaluate_param { num_classes: 3 '
-                        'name_size_file: "sizes.txt" } }',
-                        {"det": DET.shape, "label": LABEL.shape}))  # fmt: skip
+                        f"{param} }} }}", {"det": DET.shape, "label": LABEL.shape}))  # fmt: skip
+
+    with pytest.raises(NetError, match="'ev'.*Failed to open name size file: .*missing.txt"):
+        compile_with(f'name_size_file: "{tmp_path / "missing.txt"}"')
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("a 100 200\n")
+    with pytest.raises(NetError, match="'ev'.*FIT_SMALL_SIZE with height_scale"):
+        compile_with(f'name_size_file: "{sizes}" resize_param {{ resize_mode: FIT_SMALL_SIZE '
+                     "height: 300 width: 300 height_scale: 300 width_scale: 300 }")  # fmt: skip
