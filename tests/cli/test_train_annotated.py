@@ -1,8 +1,9 @@
 """``caffe2jax train`` on SSD's AnnotatedData (runtime/data/annotated_data.py) from a
 convert_annoset LMDB: a small SSD with the fork's recipe (distort, expand, samplers, resize,
 mirror) learns for a few iterations, the test net reports ``detection_eval`` (solver
-``eval_type: "detection"``), and resuming from a snapshot continues with exactly the same
-losses and weights as the uninterrupted run."""
+``eval_type: "detection"``; DetectionEvaluate on pixel boxes with a ``name_size_file``), and
+resuming from a snapshot continues with exactly the same losses and weights as the
+uninterrupted run."""
 
 from __future__ import annotations
 
@@ -85,7 +86,14 @@ def _setup(work):
     test = DATA.format(phase="TEST", transform="", interp="", source=files["test_lmdb"],
                        batch=8, samplers="", **common)  # fmt: skip
     (work / "train.prototxt").write_text(train + BODY + LOSS)
-    (work / "test.prototxt").write_text(test + BODY + EVAL)
+    # evaluated in pixels of each test image's size, as the VGG SSD test nets do
+    sizes = work / "test_name_size.txt"
+    sizes.write_text("".join(f"{i:06d} {SIZE} {SIZE}\n" for i in range(8)))
+    pixels = (f'overlap_threshold: 0.5 name_size_file: "{sizes}" resize_param {{ '
+              f"resize_mode: WARP height: {SIZE} width: {SIZE} }}")  # fmt: skip
+    (work / "test.prototxt").write_text(
+        test + BODY + EVAL.replace("overlap_threshold: 0.5", pixels)
+    )
     (work / "solver.prototxt").write_text(SOLVER.format(work=work))
 
 
