@@ -10,7 +10,8 @@ Its ``param_str`` (py-faster-rcnn's YAML mapping) takes:
 * ``source``: the LMDB folder (py-faster-rcnn reads its roidb from the dataset instead; the
   path is relative to the working directory, then to the prototxt's folder);
 * ``scale`` (cfg.TRAIN.SCALES[0], default 600), ``max_size`` (cfg.TRAIN.MAX_SIZE, 1000),
-  ``flip`` (cfg.TRAIN.USE_FLIPPED, default 1), ``max_boxes`` (G, default 32).
+  ``flip`` (cfg.TRAIN.USE_FLIPPED, default 1), ``max_boxes`` (G, default 32);
+* ``pad`` (caffe2jax's, default 0): 1 for a data set of mixed image sizes (see below).
 
 Reproduced from py-faster-rcnn@781a917 lib/roi_data_layer/layer.py and minibatch.py and
 lib/utils/blob.py: the image is BGR float minus PIXEL_MEANS (102.9801, 115.9465, 122.7717),
@@ -26,8 +27,14 @@ appears twice per epoch, once mirrored (``append_flipped_images``: x1' = W − x
 x2' = W − x1 − 1), in a random order drawn anew each epoch from the reader's seed (numpy's
 generator, not py-faster-rcnn's global state; its aspect-ratio pairing is not reproduced).
 
-Shapes are fixed for the compiled step: every image must have the first record's size, and an
-image with more than G boxes is an error naming the record.
+Shapes are fixed for the compiled step. By default every image must have the first record's
+size (another size is an error naming the record and ``pad``). With ``'pad': 1`` the records'
+sizes are read when the layer opens (image headers only) and every scaled image is placed at
+the top left of a zero canvas as large as the largest scaled height and width in the set —
+what py-faster-rcnn's ``im_list_to_blob`` does to the images of one batch — with ``im_info``
+holding the image's own scaled size and scale, so the anchor target layer keeps only anchors
+inside the image and the proposal layer clips to it. An image with more than G boxes is an
+error naming the record.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import decode_annotated
+from caffe2jax.runtime.data.annotated_datum import decode_annotated, parse_annotated_datum
 from caffe2jax.runtime.data.base import ItemSource, Planned, check_phase, make_rngs
 from caffe2jax.runtime.data.db import open_db
 from caffe2jax.runtime.data.files import resolve_input
@@ -55,7 +62,7 @@ def _options(layer: caffe_pb2.LayerParameter) -> dict:
             f"layer {layer.name!r} (built-in RoIDataLayer): param_str needs 'num_classes' and "
             f"'source' (the AnnotatedDatum LMDB), got {layer.python_param.param_str!r}"
         )
-    defaults = {"scale": 600, "max_size": 1000, "flip": 1, "max_boxes": 32}
+    defaults = {"scale": 600, "max_size": 1000, "flip": 1, "max_boxes": 32, "pad": 0}
     return {**defaults, **got}
 
 
@@ -76,6 +83,24 @@ def pixel_boxes(norm: np.ndarray, height: int, width: int, flip: bool) -> np.nda
         boxes[:, 0] = width - boxes[:, 2] - 1
         boxes[:, 2] = width - x1 - 1
     return boxes
+
+
+def record_size(value: bytes, where: str) -> tuple[int, int]:
+    """(height, width) of an AnnotatedDatum's image without decoding its pixels (an encoded
+    image's header, else the Datum's fields)."""
+    import io
+
+    from PIL import Image
+
+    datum = parse_annotated_datum(value, where=where).datum
+    if not datum.encoded:
+        return int(datum.height), int(datum.width)
+    try:
+        with Image.open(io.BytesIO(datum.data)) as image:
+            width, height = image.size
+    except Exception as err:  # noqa: BLE001 - any undecodable header is the record's fault
+        raise DataError(f"{where}: cannot read the encoded image ({err})") from None
+    return int(height), int(width)
 
 
 class RoIDataSource(ItemSource):
@@ -110,14 +135,24 @@ class RoIDataSource(ItemSource):
         self.flips = 2 if int(self.opt["flip"]) else 1
         (self.rng,) = make_rngs(seed, 1)
         self.cur, self.perm = 0, self._new_perm()
-        image, _ = decode_annotated(self.db.get(self.keys[0]), mode="color")
-        self.item_shape = image.shape
-        _, h, w = image.shape
-        s = im_scale(h, w, self.opt["scale"], self.opt["max_size"])
-        self.scale = s
-        self.out_hw = (int(np.round(h * s)), int(np.round(w * s)))
+        self.pad = bool(int(self.opt["pad"]))
+        sizes = [self._size(k) for k in self.keys] if self.pad else [self._size(self.keys[0])]
+        self.item_hw = sizes[0]
+        self.item_shape = (3, *self.item_hw)
+        scaled = [self._scaled(h, w)[1] for h, w in sizes]
+        self.out_hw = tuple(int(max(hw[i] for hw in scaled)) for i in (0, 1))
         self.max_boxes = int(self.opt["max_boxes"])
         self._shapes = [(1, 3, *self.out_hw), (1, 3), (self.max_boxes, 5)]
+
+    def _size(self, key: bytes) -> tuple[int, int]:
+        """(height, width) of a record's image from its header."""
+        where = f"layer {self.name!r}: record {key.decode(errors='replace')!r}"
+        return record_size(self.db.get(key), where)
+
+    def _scaled(self, h: int, w: int) -> tuple[float, tuple[int, int]]:
+        """prep_im_for_blob's scale of an h × w image and the scaled (height, width)."""
+        s = im_scale(h, w, self.opt["scale"], self.opt["max_size"])
+        return s, (int(np.round(h * s)), int(np.round(w * s)))
 
     def _new_perm(self) -> np.ndarray:
         return self.rng.permutation(len(self.keys) * self.flips)
@@ -140,8 +175,8 @@ class RoIDataSource(ItemSource):
     def _item(self, record: object) -> tuple[np.ndarray, float]:
         raise NotImplementedError  # fill() writes every top
 
-    def _boxes(self, boxes, flip: bool, where: str) -> np.ndarray:
-        _, h, w = self.item_shape
+    def _boxes(self, boxes, hws: tuple[int, int, float], flip: bool, where: str) -> np.ndarray:
+        h, w, scale = hws
         keep = ~boxes.difficult
         labels = boxes.labels[keep]
         if labels.size and (labels.min() < 1 or labels.max() >= self.opt["num_classes"]):
@@ -155,7 +190,7 @@ class RoIDataSource(ItemSource):
                 f"{self.max_boxes} (param_str 'max_boxes')"
             )
         out = np.zeros((self.max_boxes, 5), np.float32)
-        out[: len(labels), :4] = pixel_boxes(boxes.boxes[keep], h, w, flip) * self.scale
+        out[: len(labels), :4] = pixel_boxes(boxes.boxes[keep], h, w, flip) * scale
         out[: len(labels), 4] = labels
         return out
 
@@ -165,24 +200,27 @@ class RoIDataSource(ItemSource):
         key, flip = planned.records[0]
         where = f"layer {self.name!r}: record {key.decode(errors='replace')!r}"
         image, boxes = decode_annotated(self.db.get(key), mode="color", where=where)
-        if image.shape != self.item_shape:
+        h, w = image.shape[1:]
+        if not self.pad and (h, w) != self.item_hw:
             raise DataError(
-                f"{where}: image {image.shape} differs from the first record's "
-                f"{self.item_shape} (the compiled net has one input shape)"
+                f"{where}: image {h}x{w} differs from the first record's "
+                f"{self.item_hw[0]}x{self.item_hw[1]} (the compiled net has one input shape; "
+                "'pad': 1 in param_str places mixed sizes on one canvas)"
             )
         hwc = image.transpose(1, 2, 0).astype(np.float32) - PIXEL_MEANS
         if flip:
             hwc = hwc[:, ::-1]
-        s = self.scale
+        s, (h2, w2) = self._scaled(h, w)
         hwc = cv2.resize(
             np.ascontiguousarray(hwc), None, None, fx=s, fy=s, interpolation=cv2.INTER_LINEAR
         )
-        h2, w2 = self.out_hw
-        if hwc.shape[:2] != (h2, w2):
-            raise DataError(f"{where}: resized to {hwc.shape[:2]}, expected {(h2, w2)}")
-        out[0][0] = hwc.transpose(2, 0, 1)
-        out[1][0] = (h2, w2, self.scale)
-        out[2][:] = self._boxes(boxes, flip, where)
+        if hwc.shape[:2] != (h2, w2) or h2 > self.out_hw[0] or w2 > self.out_hw[1]:
+            raise DataError(f"{where}: resized to {hwc.shape[:2]}, expected {(h2, w2)} within "
+                            f"{self.out_hw}")  # fmt: skip
+        out[0][0] = 0.0
+        out[0][0, :, :h2, :w2] = hwc.transpose(2, 0, 1)
+        out[1][0] = (h2, w2, s)
+        out[2][:] = self._boxes(boxes, (h, w, s), flip, where)
         return 0.0
 
     def close(self) -> None:

@@ -90,3 +90,61 @@ def test_errors(boxes_db, tmp_path):
     bad.python_param.param_str = "'num_classes': 4"
     with pytest.raises(DataError, match="needs 'num_classes' and 'source'"):
         RoIDataSource(bad, "TRAIN")
+
+
+def _mixed_db(path, encode: bool):
+    """Two records: a 64×64 image with box [0.25, 0.25, 0.5, 0.5] (label 1) and a 48×96
+    (h × w) one with box [0.5, 0.5, 1, 1] (label 2); JPEG-encoded or raw."""
+    import cv2
+
+    from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum
+    from caffe2jax.runtime.data.datum import array_to_datum
+    from caffe2jax.runtime.data.db import Writer
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (3, 64, 64), np.uint8), rng.integers(0, 255, (3, 48, 96),
+                                                                        np.uint8)]  # fmt: skip
+    boxes = [[[0.25, 0.25, 0.5, 0.5]], [[0.5, 0.5, 1.0, 1.0]]]
+    with Writer(path) as db:
+        for i, (chw, box) in enumerate(zip(images, boxes)):
+            datum = array_to_datum(chw)
+            if encode:
+                datum = caffe_pb2.Datum(encoded=True, channels=3, data=cv2.imencode(
+                    ".png", chw.transpose(1, 2, 0))[1].tobytes())  # fmt: skip
+            record = annotated_datum(datum, Boxes.of(np.asarray(box), np.asarray([i + 1])))
+            db.put(f"{i:08d}", record.SerializeToString())
+    return images
+
+
+@pytest.mark.parametrize("encode", [False, True])
+def test_mixed_sizes_on_one_canvas_with_pad(tmp_path, encode):
+    """scale 64: the 64×64 image stays (s 1), the 48×96 one becomes 64×128 (s 4/3); the canvas
+    is 64×128, each image at the top left, zeros elsewhere; im_info and boxes per image."""
+    images = _mixed_db(tmp_path / "mixed", encode)
+    src = RoIDataSource(_layer(tmp_path / "mixed", scale=64, flip=0, pad=1), "TRAIN", seed=0)
+    assert src.top_shapes() == [(1, 3, 64, 128), (1, 3), (32, 5)]
+    seen = set()
+    for _ in range(2):
+        data, info, gt = (np.asarray(x) for x in src.next_batch())
+        key = 0 if info[0, 1] == 64 else 1
+        seen.add(key)
+        if key == 0:
+            np.testing.assert_allclose(info, [[64, 64, 1.0]])
+            want = images[0] - PIXEL_MEANS[:, None, None]
+            np.testing.assert_allclose(data[0, :, :, :64], want, atol=1e-4)
+            assert not data[0, :, :, 64:].any()
+            np.testing.assert_allclose(gt[0], [15, 15, 31, 31, 1])  # (0.25·64 − 1)·1
+        else:
+            np.testing.assert_allclose(info, [[64, 128, 4 / 3]], rtol=1e-6)
+            assert data.shape == (1, 3, 64, 128) and data[0, :, :, 64:].any()
+            want = [47 * 4 / 3, 23 * 4 / 3, 95 * 4 / 3, 47 * 4 / 3, 2]  # (0.5·96 − 1)·s …
+            np.testing.assert_allclose(gt[0], want, rtol=1e-6)
+    assert seen == {0, 1}
+
+
+def test_mixed_sizes_without_pad_name_the_key(tmp_path):
+    _mixed_db(tmp_path / "mixed", encode=False)
+    src = RoIDataSource(_layer(tmp_path / "mixed", scale=64, flip=0), "TRAIN", seed=0)
+    with pytest.raises(DataError, match=r"record '0000000\d'.*'pad': 1 in param_str"):
+        for _ in range(4):
+            src.next_batch()
