@@ -26,6 +26,8 @@ selection, so gradients through it are stopped.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -59,6 +61,17 @@ def decode_boxes(prior, variance, loc, code_type: int, encoded: bool):
     return jnp.stack([cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0], axis=-1)
 
 
+def _warn_unsaved(layer: ir.Layer) -> None:
+    """The fork writes result files (VOC / COCO / ILSVRC) when ``save_output_param`` names an
+    ``output_directory``; caffe2jax does not, and says so (Python shows a warning once)."""
+    out = layer.param.detection_output_param.save_output_param.output_directory
+    if out:
+        warnings.warn(f"layer '{layer.name}' (DetectionOutput): save_output_param is not "
+                      f"supported; no result files are written to {out} (the detections are "
+                      "the layer's top; the solver's detection_eval is computed)",
+                      UserWarning, stacklevel=2)  # fmt: skip
+
+
 def _settings(layer: ir.Layer, num_priors: int) -> dict:
     p = layer.param.detection_output_param
     if not p.HasField("num_classes"):
@@ -69,6 +82,7 @@ def _settings(layer: ir.Layer, num_priors: int) -> dict:
     if not 0 < nms.eta <= 1:
         raise fail(layer, "eta must be in (0, 1]")
     top_k = nms.top_k if nms.HasField("top_k") and nms.top_k > -1 else num_priors
+    _warn_unsaved(layer)
     return dict(
         classes=p.num_classes,
         shared=p.share_location,

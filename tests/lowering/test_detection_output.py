@@ -163,3 +163,17 @@ def test_refuses_mismatched_bottoms():
     text, _ = _net(1, "nms_param { nms_threshold: 0.45 }")
     with pytest.raises(NetError, match="number of priors must match"):
         caffe2jax.compile(text.replace(f"dim: {16 * 6 * C}", f"dim: {16 * 6 * C + 1}"))
+
+
+def test_save_output_param_warns_that_no_files_are_written(tmp_path):
+    """ssd_pascal.py's test nets set save_output_param; the detections are computed as ever,
+    and a warning names the layer and the directory nothing is written to."""
+    conf = [[0.1, 0.6, 0.3], [0.1, 0.6, 0.3], [0.2, 0.3, 0.5]]
+    save = (f'save_output_param {{ output_directory: "{tmp_path / "results"}" '
+            'output_name_prefix: "comp4_det_test_" output_format: "VOC" }')  # fmt: skip
+    param = "nms_param { nms_threshold: 0.5 } code_type: CORNER keep_top_k: 2 "
+    with pytest.warns(UserWarning, match=r"'det' \(DetectionOutput\): save_output_param .*results"):
+        out = _hand(param + save, np.zeros((3, 4)), conf, BOXES)
+    plain = _hand(param, np.zeros((3, 4)), conf, BOXES)
+    np.testing.assert_array_equal(out, plain)
+    assert not (tmp_path / "results").exists()
