@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
@@ -47,6 +48,13 @@ class Model:
     ``outputs`` lists the blobs no layer consumes. ``init``, ``apply`` and ``loss`` are pure
     functions of their arguments, ready for ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
 
+    ``apply`` and ``loss`` are compiled programs: each is one ``jax.jit`` of the net, compiled on
+    the first call per input signature (shapes, dtypes, whether an ``rng`` is given) and kept on
+    the model, so a direct call runs at the compiled speed and returns what a caller's own
+    ``jax.jit(model.apply)`` returns. Inside a caller's ``jit``/``grad``/``vmap`` the jitted call
+    is traced into the caller's program (no second compile of its own). ``jax.disable_jit()``
+    (or ``JAX_DISABLE_JIT=1``) runs them op by op, for debugging.
+
     ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
     :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
     gradients and returned blobs stay in ``dtype``. ``policy`` (an :class:`EnginePolicy`;
@@ -75,6 +83,7 @@ class Model:
             self.graph = _Prefix([layer.name for layer in net.layers].index(upto), *args)
         self.upto = upto
         self._family: ShapeCache | None = None
+        self._compiled: dict[str, Any] = {}
         # compiled programs callers keep for this member (dropped with it from the family)
         self.programs: dict[Hashable, Any] = {}
 
@@ -121,8 +130,9 @@ class Model:
         inputs: Mapping[str, Any],
         rng: jax.Array | None = None,
     ) -> tuple[dict[str, jax.Array], Params]:
-        """Forward: every blob (user names for final versions) and the updated state."""
-        return self.graph.apply(params, state, inputs, rng)
+        """Forward: every blob (user names for final versions) and the updated state, as one
+        compiled program (see the class docstring)."""
+        return self._program("apply")(params, state, _host_arrays(inputs), rng)
 
     def loss(
         self,
@@ -131,9 +141,21 @@ class Model:
         inputs: Mapping[str, Any],
         rng: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[dict[str, jax.Array], Params]]:
-        """Caffe's net objective and ``(blobs, state)``: use with value_and_grad(has_aux=True)."""
-        blobs, state = self.graph.apply(params, state, inputs, rng)
-        return self.graph.objective(blobs), (blobs, state)
+        """Caffe's net objective and ``(blobs, state)``: use with value_and_grad(has_aux=True).
+        One compiled program, as :meth:`apply`; ``jax.grad`` of it compiles the backward too."""
+        return self._program("loss")(params, state, _host_arrays(inputs), rng)
+
+    def _program(self, name: str) -> Any:
+        """The jitted forward (``apply``) or objective (``loss``) of this member, built once."""
+        if name not in self._compiled:
+            graph = self.graph
+
+            def loss(params, state, inputs, rng):
+                blobs, state = graph.apply(params, state, inputs, rng)
+                return graph.objective(blobs), (blobs, state)
+
+            self._compiled[name] = jax.jit(graph.apply if name == "apply" else loss)
+        return self._compiled[name]
 
     def reshape(
         self, input_shapes: Mapping[str, Sequence[int]], *, upto: str | None = None
@@ -163,6 +185,15 @@ class Model:
     def signature(self) -> Hashable:
         """The input shapes this model was built for (the key of its family)."""
         return tuple(sorted(self.inputs.items())), self.upto
+
+
+def _host_arrays(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` with every value an array (a nested list or a Python scalar becomes one NumPy
+    array, as :meth:`Graph.feed` would make it, instead of a pytree of scalars under jit)."""
+    return {
+        name: value if isinstance(value, (jax.Array, np.ndarray)) else np.asarray(value)
+        for name, value in inputs.items()
+    }
 
 
 def compile(  # noqa: A001 - the design card's name for it
