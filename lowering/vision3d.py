@@ -166,7 +166,7 @@ def _ave_divisor(shape, kernel, stride, pad, out) -> np.ndarray:
 
 def _window_max(x, kernel: Triple, stride: Triple, padding) -> jax.Array:
     return lax.reduce_window(
-        x, jnp.asarray(-_FLT_MAX, x.dtype), lax.max, (1, 1, *kernel), (1, 1, *stride), padding
+        x, np.asarray(-_FLT_MAX, x.dtype), lax.max, (1, 1, *kernel), (1, 1, *stride), padding
     )
 
 
@@ -215,7 +215,7 @@ def pooling3d(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]
     if method == P3.MAX:
         return [max_pool3d(x, kernel, stride, tuple(padding))]
     total = lax.reduce_window(
-        x, jnp.asarray(0, x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
+        x, np.asarray(0, x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
     )
     divisor = _ave_divisor(x.shape, kernel, stride, pad, out)
     return [total / jnp.asarray(divisor, x.dtype)]

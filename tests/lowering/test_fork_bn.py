@@ -52,7 +52,9 @@ def test_segnet_learn_uses_batch_statistics_in_test_too():
 
 def test_segnet_inference_is_scale_and_shift():
     out, _ = _run(_segnet_text("bn_mode: INFERENCE"), [SCALE, SHIFT], "TRAIN")
-    np.testing.assert_allclose(out["y"], SCALE * X + SHIFT, rtol=1e-6)
+    # rtol 1e-5 (DESIGN's layer bound), not 1e-6: the jitted forward fuses x·scale + shift into
+    # one multiply-add, 5e-6 apart from NumPy's two roundings where the sum nearly cancels
+    np.testing.assert_allclose(out["y"], SCALE * X + SHIFT, rtol=1e-5)
     with pytest.raises(NetError, match="INFERENCE has one top"):
         compile_net(_segnet_text("bn_mode: INFERENCE", ("y", "m")))
 

@@ -89,7 +89,9 @@ def test_axpy_is_a_times_x_plus_y(a_shape):
     y = RNG.standard_normal(X.shape).astype(np.float32)
     text = net(AXPY, {"a": a_shape, "x": X.shape, "y": X.shape})
     out = ours(text, {"a": a, "x": X, "y": y})["o"]
-    np.testing.assert_allclose(out, a.reshape(2, 6, 1, 1) * X + y, rtol=1e-6)
+    # rtol 1e-5 (DESIGN's layer bound): jitted, a·x + y is one fused multiply-add (1.4e-6 apart
+    # from NumPy's two roundings where the sum nearly cancels)
+    np.testing.assert_allclose(out, a.reshape(2, 6, 1, 1) * X + y, rtol=1e-5)
     fd_check(text, {"a": a, "x": X, "y": y}, "o")
 
 

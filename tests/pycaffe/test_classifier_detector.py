@@ -89,8 +89,10 @@ def test_detector_windows_in_order(deploy, tmp_path):
     crops = [caffe.io.resize_image(image[y0:y1, x0:x1], (8, 8)) for y0, x0, y1, x1 in windows]
     expected = scores(det, np.stack([preprocess(c) for c in crops]))
     np.testing.assert_allclose(
-        np.stack([d["prediction"] for d in found]), expected, rtol=1e-5, atol=1e-9
-    )  # tiny probabilities: see the classifier test
+        np.stack([d["prediction"] for d in found]), expected, rtol=3e-5, atol=1e-9
+    )  # tiny probabilities: see the classifier test; rtol 3e-5, not 1e-5: the Detector's net and
+    # the test's are two compiled programs (other batch), whose fused softmax rounds a 1e-3
+    # probability 1.3e-5 apart (measured)
     with pytest.raises(caffe.CaffeError, match="detect_windows"):
         det.detect_selective_search([path])
 
