@@ -1,4 +1,4 @@
-"""The forks' ``BN`` layer, in each fork's form (``ir.Layer.form``, frontend/forms.py).
+"""The forks' ``BN`` layer, in each fork's form (``ir.Layer.form``, frontend/forks/forms.py).
 
 * ``segnet`` (SegNet, ENet: caffe-segnet bn_layer.cpp): blobs ``[scale, shift]`` of shape
   (1, C, 1, 1), no running statistics. ``bn_mode: LEARN`` normalises with the batch

@@ -208,7 +208,7 @@ def dropout(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> l
     (a Bernoulli mask from this layer's key) and scaled by ``1/(1 − dropout_ratio)``; the
     backward applies the same mask and scale. TEST is the identity.
 
-    The forks' forms (``layer.form``, frontend/forms.py): ``scale_train`` (Faster R-CNN) with
+    The forks' forms (``layer.form``, frontend/forks/forms.py): ``scale_train`` (Faster R-CNN) with
     ``scale_train: false`` keeps the mask unscaled in TRAIN and multiplies by
     ``1 − dropout_ratio`` in TEST; ``sample_test`` (SegNet/ENet) with ``sample_weights_test:
     true`` drops in TEST as in TRAIN (Bayesian SegNet's sampling). Ratios outside [0, 1) are

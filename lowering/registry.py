@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.frontend.forks.layer_types import unsupported_fork_type
 from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]

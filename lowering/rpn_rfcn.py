@@ -4,7 +4,7 @@ the registration that picks it or py-faster-rcnn's by the layer's form.
 py-R-FCN (YuwenXiong/py-R-FCN lib/rpn/proposal_target_layer.py) ships a layer under the same
 module and class name as py-faster-rcnn's, run with experiments/cfgs/rfcn_end2end_ohem.yml.
 The frontend gives the layer the form ``"rfcn"`` in a net of the R-FCN dialect
-(frontend/forms.py); there this version runs. What it reproduces:
+(frontend/forks/forms.py); there this version runs. What it reproduces:
 
 * ``BATCH_SIZE: -1``: no sampling — every candidate (each proposal and each gt box) is kept;
   with ``BG_THRESH_LO: 0.0`` every candidate is fg (max IoU ≥ ``FG_THRESH`` 0.5, label of its

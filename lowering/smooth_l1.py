@@ -1,5 +1,5 @@
-"""The one ``SmoothL1Loss`` registration: the type string names two layers (frontend/forms.py),
-dispatched on ``layer.form`` — ``ssd`` (lowering/smooth_l1_ssd.py) or ``rcnn`` (Faster
+"""The one ``SmoothL1Loss`` registration: the type string names two layers
+(frontend/forks/forms.py), dispatched on ``layer.form`` — ``ssd`` (lowering/smooth_l1_ssd.py) or ``rcnn`` (Faster
 R-CNN's, with ``sigma`` and inside/outside weights: lowering/smooth_l1_rcnn.py, ``_rcnn``).
 """
 

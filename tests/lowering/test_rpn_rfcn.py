@@ -1,5 +1,5 @@
 """py-R-FCN's ProposalTargetLayer and ProposalLayer config as built-ins (lowering/rpn_rfcn.py,
-the form rule in frontend/forms.py): a hand-worked case, a numpy transcription of py-R-FCN's
+the form rule in frontend/forks/forms.py): a hand-worked case, a numpy transcription of py-R-FCN's
 ``_sample_rois`` with BATCH_SIZE −1 and AGONISTIC, the padding rows, and which form the
 forks' prototxts get."""
 

@@ -1,7 +1,7 @@
 """The forks' layer types as data: where a type comes from, which only training uses, and
 what to say of fields and types caffe2jax does not support yet.
 
-The numbering side of the forks is :mod:`caffe2jax.frontend.dialects`.
+The numbering side of the forks is :mod:`caffe2jax.frontend.forks.catalog`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from caffe2jax.frontend.dialects import FORKS_BY_KEY, UPSAMPLE_FORKS, fork_names, forks_of_type
+from caffe2jax.frontend.forks.catalog import FORKS_BY_KEY, UPSAMPLE_FORKS, fork_names, forks_of_type
 
 #: Python layer modules that belong to a fork's models (Caffe's python_param.module).
 PYTHON_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -49,7 +49,7 @@ UNKNOWN_FORK_FIELDS: Mapping[str, str] = MappingProxyType(
 )
 
 
-#: (type, form) -> the forks of that form (frontend/forms.py), home first.
+#: (type, form) -> the forks of that form (frontend/forks/forms.py), home first.
 FORM_FORKS: Mapping[tuple[str, str], tuple[str, ...]] = MappingProxyType(
     {
         ("BN", "segnet"): ("segnet", "enet"), ("BN", "pspnet"): ("pspnet",),

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialects import FORKS
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.forks.catalog import FORKS
 
 Pool = caffe_pb2.PoolingParameter
 

@@ -1,4 +1,4 @@
-"""frontend/upgrade_forks.py: the forks' deprecated forms upgraded to what the lowering reads
+"""frontend/forks/upgrade.py: the forks' deprecated forms upgraded to what the lowering reads
 (V1 fork types, ceil_mode, hole, C3D v1.0's 3-D layers, the YOLO Upsample's scale), and
 template prototxts."""
 

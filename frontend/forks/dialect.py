@@ -5,7 +5,7 @@ holds every fork's fields by name). Binary files (``.caffemodel``, binary nets, 
 carry only numbers, and forks gave the same number different meanings (LayerParameter 143 is
 BVLC's ``input_param`` and PSPNet's ``interp_param``; C3D v1.0 renumbered BlobProto itself).
 A :class:`Dialect` is BVLC's numbering with one or more forks' numberings laid over it
-(:mod:`caffe2jax.frontend.dialects` holds them); it is
+(:mod:`caffe2jax.frontend.forks.catalog` holds them); it is
 
 * chosen from what the prototxt text uses (:func:`detect`): fork layer types, fork fields,
   V1 layer type names, py-faster-rcnn's / ENet's Python layer modules;
@@ -14,7 +14,7 @@ A :class:`Dialect` is BVLC's numbering with one or more forks' numberings laid o
 
 Reading weights uses only each layer's name, type and blobs (as OpenCV does), never the layer
 parameters stored in the binary, so there the dialect only decides the BlobProto layout and
-the meaning of V1 type numbers; :mod:`caffe2jax.frontend.dialect_schema` decodes whole binary
+the meaning of V1 type numbers; :mod:`caffe2jax.frontend.forks.schema` decodes whole binary
 messages with a dialect's numbers when a full binary net must be read.
 """
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from google.protobuf import descriptor, message
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialects import (
+from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.frontend.forks.catalog import (
     FORKS,
     FORKS_BY_KEY,
     NON_BVLC_VALUES,
@@ -35,8 +36,7 @@ from caffe2jax.frontend.dialects import (
     fork_names,
     forks_of_type,
 )
-from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.frontend.fork_types import PYTHON_MODULES
+from caffe2jax.frontend.forks.layer_types import PYTHON_MODULES
 
 BVLC = "bvlc"
 #: caffe.proto's own numbering (what caffe2jax writes), as a dialect.

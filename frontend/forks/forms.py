@@ -53,8 +53,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect import Dialect
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.forks.dialect import Dialect
 
 Param = caffe_pb2.LayerParameter
 

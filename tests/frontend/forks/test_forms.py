@@ -1,4 +1,4 @@
-"""frontend/forms.py: which layer a fork type string names, decided once from the prototxt
+"""frontend/forks/forms.py: which layer a fork type string names, decided once from the prototxt
 (and the dialect where the text alone cannot tell), recorded on ir.Layer.form."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.frontend.forms import FORMS
+from caffe2jax.frontend.forks.forms import FORMS
 from caffe2jax.frontend.pipeline import load_net
 from tests.forks import FORK_MODELS
 

@@ -4,7 +4,7 @@ Each :class:`Fork` lists what its caffe.proto adds to or renumbers in BVLC's, by
 field *name*, with the fork's own number (read from each fork's src/caffe/proto/caffe.proto at
 the commits of ``../shared/forks/FORKS.md`` §0). caffe2jax's schema (frontend/caffe.proto) holds
 every one of these fields under the same names, some at other numbers (the header of
-caffe.proto gives the rule); :mod:`caffe2jax.frontend.dialect` builds from these tables the
+caffe.proto gives the rule); :mod:`caffe2jax.frontend.forks.dialect` builds from these tables the
 schema each fork actually wrote its binary files with.
 
 ``adds`` are the fork's own fields (seeing one in a prototxt is evidence of the fork);

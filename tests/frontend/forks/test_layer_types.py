@@ -1,6 +1,6 @@
 """What caffe2jax says about fork things it does not support yet: fields of forks it has no
 schema for and unknown V1 types (frontend/parse.py), and fork layer types it does not lower
-(compile time, lowering/registry.py with frontend/fork_types.py)."""
+(compile time, lowering/registry.py with frontend/forks/layer_types.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError, PrototxtError
-from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.frontend.forks.layer_types import unsupported_fork_type
 from caffe2jax.frontend.parse import read_net
 
 INPUT = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'

@@ -1,4 +1,4 @@
-"""Dialects (frontend/dialect.py, frontend/dialect_schema.py): each fork's binary numbers,
+"""Dialects (frontend/forks/dialect.py, frontend/forks/schema.py): each fork's binary numbers,
 chosen from the prototxt or the bytes, and a test per number collision: the right fork's
 numbers decode the field; the wrong ones refuse, never misread.
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect import (
+from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.frontend.forks.dialect import (
     DialectError,
     describe,
     detect,
     dialect_names,
     get,
 )
-from caffe2jax.frontend.dialect_schema import decode, decode_net, detect_binary, encode, schema
-from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.frontend.forks.schema import decode, decode_net, detect_binary, encode, schema
 from caffe2jax.frontend.parse import read_net
 from tests.forks import DEFINES, FORK_MODELS, c3d_blob, f32, ld, s, v, v1_layer, v2_layer
 

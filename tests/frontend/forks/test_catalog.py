@@ -1,6 +1,6 @@
 """caffe.proto's fork fields: every development-set prototxt parses and upgrades by name, and
 every fork field sits at the number caffe.proto's header rule gives it (the same numbers
-frontend/dialects.py and docs/forks.md list)."""
+frontend/forks/catalog.py and docs/forks.md list)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect_schema import schema
-from caffe2jax.frontend.dialects import CAFFE2JAX_HOMES, FORKS
-from caffe2jax.frontend.fork_types import TRAINING_TYPES
+from caffe2jax.frontend.forks.catalog import CAFFE2JAX_HOMES, FORKS
+from caffe2jax.frontend.forks.layer_types import TRAINING_TYPES
+from caffe2jax.frontend.forks.schema import schema
 from caffe2jax.frontend.parse import read_net
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.frontend.upgrade import upgrade_net

@@ -1,7 +1,7 @@
 """A dialect's own schema: caffe.proto renumbered as a fork numbers it, and conversions.
 
 :func:`schema` copies caffe.proto's descriptor, gives every field and enum value the number
-the dialect's forks give it (:mod:`caffe2jax.frontend.dialects`), and drops the fields whose
+the dialect's forks give it (:mod:`caffe2jax.frontend.forks.catalog`), and drops the fields whose
 number a fork took for something else (PSPNet has no ``input_param``: its 143 is
 ``interp_param``). Messages of that schema parse a fork's binary files exactly as the fork's
 Caffe did. :func:`decode` then copies such a message into caffe.proto's classes *by field
@@ -20,16 +20,8 @@ from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message
 from google.protobuf import unknown_fields as unknown
 
 from caffe2jax.frontend import caffe_pb2, wire
-from caffe2jax.frontend.dialect import (
-    BVLC,
-    MERGED,
-    Dialect,
-    DialectError,
-    choose,
-    get,
-    renumber,
-)
-from caffe2jax.frontend.dialects import (
+from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.forks.catalog import (
     FORKS,
     FORKS_BY_KEY,
     NON_BVLC_FIELDS,
@@ -38,8 +30,16 @@ from caffe2jax.frontend.dialects import (
     Fork,
     forks_of_type,
 )
-from caffe2jax.frontend.errors import PrototxtError
-from caffe2jax.frontend.fork_types import FORK_TYPE_PARAMS
+from caffe2jax.frontend.forks.dialect import (
+    BVLC,
+    MERGED,
+    Dialect,
+    DialectError,
+    choose,
+    get,
+    renumber,
+)
+from caffe2jax.frontend.forks.layer_types import FORK_TYPE_PARAMS
 
 _FD = descriptor.FieldDescriptor
 
