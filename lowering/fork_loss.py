@@ -14,7 +14,7 @@
 
 With ``weight_by_label_freqs: false`` this equals BVLC's layer with ``normalize``.
 ``normalization`` (BVLC's enum, which the fork's proto does not have) is refused here.
-A non-ignored label outside [0, classes) makes the loss NaN (see lowering/loss.py).
+A non-ignored label outside [0, classes) makes the loss NaN (see lowering/layers/loss.py).
 """
 
 from __future__ import annotations

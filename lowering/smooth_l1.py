@@ -1,6 +1,7 @@
 """The one ``SmoothL1Loss`` registration: the type string names two layers
-(frontend/forks/forms.py), dispatched on ``layer.form`` — ``ssd`` (lowering/smooth_l1_ssd.py) or ``rcnn`` (Faster
-R-CNN's, with ``sigma`` and inside/outside weights: lowering/smooth_l1_rcnn.py, ``_rcnn``).
+(frontend/forks/forms.py), dispatched on ``layer.form`` — ``ssd`` (lowering/smooth_l1_ssd.py) or
+``rcnn`` (Faster R-CNN's, with ``sigma`` and inside/outside weights: lowering/forks/rcnn.py,
+``_rcnn``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from caffe2jax.lowering.util import fail
 def _rcnn_form():
     """The rcnn form's lowering, or None where this build has none."""
     try:
-        module = importlib.import_module("caffe2jax.lowering.smooth_l1_rcnn")
+        module = importlib.import_module("caffe2jax.lowering.forks.rcnn")
     except ModuleNotFoundError:
         return None
     return getattr(module, "_rcnn", None)

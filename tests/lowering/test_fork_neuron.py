@@ -1,5 +1,5 @@
 """lowering/fork_neuron.py (ReLU6, Mish, ENet's SpatialDropout) and the forks' Dropout forms
-(lowering/neuron.py): OpenCV dnn parity for ReLU6 and Mish, the forks' backward rules, and
+(lowering/layers/neuron.py): OpenCV dnn parity for ReLU6 and Mish, the forks' backward rules, and
 float64 finite differences."""
 
 from __future__ import annotations

@@ -162,5 +162,6 @@ def test_docs_layer_table_is_current():
     for type_name in registered_types():
         fn = lowering_of(type_name).fn
         assert f"| `{type_name}` |" in text and f"`{fn.__qualname__}`" in text
-    assert "| `Convolution` | [lowering/vision.py](../lowering/vision.py) | `convolution` |" in text
+    vision = "[lowering/layers/vision.py](../lowering/layers/vision.py)"
+    assert f"| `Convolution` | {vision} | `convolution` |" in text
     assert script["main"](["--check"]) == 0

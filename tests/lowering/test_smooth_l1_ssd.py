@@ -62,7 +62,7 @@ def test_rcnn_form_without_its_module_fails_naming_the_layer():
                'top: "loss" smooth_l1_loss_param { sigma: 3 } }',
                {"pred": PRED.shape, "target": PRED.shape})  # fmt: skip
     try:
-        import caffe2jax.lowering.smooth_l1_rcnn  # noqa: F401
+        import caffe2jax.lowering.forks.rcnn  # noqa: F401
     except ModuleNotFoundError:
         with pytest.raises(NetError, match="'l1'.*rcnn"):
             compile_net(text)
