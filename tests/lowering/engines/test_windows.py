@@ -16,12 +16,12 @@ from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.layers import pooling
 from caffe2jax.lowering.model import compile as compile_net
 from tests.golden import GOLDEN, load_npz, require
-from tests.lowering.test_golden_layers import rel_err
-from tests.lowering.test_pooling import (
+from tests.lowering.layers.test_pooling import (
     caffe_ave_pool,
     caffe_max_pool,
     max_pool_ties_route_to_first_max,
 )
+from tests.lowering.test_golden_layers import rel_err
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

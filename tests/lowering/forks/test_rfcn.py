@@ -13,7 +13,7 @@ import numpy as np
 
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
-from tests.lowering.test_rpn_targets import _np_overlaps, _np_transform
+from tests.lowering.forks.test_rcnn_targets import _np_overlaps, _np_transform
 
 MODELS = Path(__file__).resolve().parents[3] / "shared" / "forks" / "models"
 STDS = np.array([0.1, 0.1, 0.2, 0.2])
