@@ -1,13 +1,11 @@
-"""Box arithmetic of py-faster-rcnn's target layers, in JAX, and the fixed-shape random subset
-both layers draw.
+"""The box coders, in JAX: the regression targets a detection net learns and their inverse.
 
-Reproduced from py-faster-rcnn@781a917 lib/utils/bbox.pyx (``bbox_overlaps``) and
-lib/fast_rcnn/bbox_transform.py (``bbox_transform``): widths and heights count pixels
-(``x2 − x1 + 1``).
-
-Padded ground truth: the built-in layers take gt_boxes as a fixed (G, 5) array
-[x1, y1, x2, y2, class]; a row with class ≤ 0 is padding and is masked out everywhere
-(py-faster-rcnn's gt_boxes has only real rows, each of class ≥ 1).
+* SSD (weiliu89's util/bbox_util.cpp ``EncodeBBox`` / ``DecodeBBox``): normalized boxes,
+  ``code_type`` CORNER, CENTER_SIZE or CORNER_SIZE, the prior's variances applied unless they
+  are encoded in the target; no clipping.
+* R-CNN (py-faster-rcnn@781a917 lib/fast_rcnn/bbox_transform.py ``bbox_transform`` /
+  ``bbox_transform_inv``): pixel boxes, widths and heights ``x2 − x1 + 1``, deltas (dx, dy, dw,
+  dh) of the centres and log sizes; the inverse's corners are ``centre ± size/2`` (no −1 on x2).
 """
 
 from __future__ import annotations
@@ -15,20 +13,60 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from caffe2jax.frontend import caffe_pb2
 
-def bbox_overlaps(boxes: jax.Array, query: jax.Array) -> jax.Array:
-    """(N, K) IoU of boxes (N, 4) with query boxes (K, 4), +1 pixel widths; 0 where the
-    intersection is empty (``iw ≤ 0`` or ``ih ≤ 0``), as utils/bbox.pyx."""
-    b = boxes[:, None, :]
-    q = query[None, :, :]
-    iw = jnp.minimum(b[..., 2], q[..., 2]) - jnp.maximum(b[..., 0], q[..., 0]) + 1
-    ih = jnp.minimum(b[..., 3], q[..., 3]) - jnp.maximum(b[..., 1], q[..., 1]) + 1
-    area_b = (b[..., 2] - b[..., 0] + 1) * (b[..., 3] - b[..., 1] + 1)
-    area_q = (q[..., 2] - q[..., 0] + 1) * (q[..., 3] - q[..., 1] + 1)
-    inter = iw * ih
-    union = area_b + area_q - inter
-    hit = (iw > 0) & (ih > 0)
-    return jnp.where(hit, inter / jnp.where(hit, union, 1.0), 0.0)
+CodeType = caffe_pb2.PriorBoxParameter.CodeType
+
+
+# -- SSD ----------------------------------------------------------------------------------------
+
+
+def encode_boxes(prior: jax.Array, variance: jax.Array, gt: jax.Array, code_type: int,
+                 variance_in_target: bool) -> jax.Array:  # fmt: skip
+    """EncodeBBox: the regression target of ``gt`` against ``prior`` (both (..., 4)).
+
+    With ``variance_in_target`` (MultiBoxLoss's ``encode_variance_in_target``) the variances
+    are not applied here; the caller divides prediction and target by them afterwards, as
+    EncodeLocPrediction does.
+    """
+    v = jnp.ones_like(variance) if variance_in_target else variance
+    if code_type == CodeType.CORNER:
+        return (gt - prior) / v
+    pw = prior[..., 2] - prior[..., 0]
+    ph = prior[..., 3] - prior[..., 1]
+    if code_type == CodeType.CORNER_SIZE:
+        return (gt - prior) / jnp.stack([pw, ph, pw, ph], axis=-1) / v
+    if code_type != CodeType.CENTER_SIZE:
+        raise ValueError(f"unknown code_type {code_type}")
+    pcx, pcy = (prior[..., 0] + prior[..., 2]) / 2.0, (prior[..., 1] + prior[..., 3]) / 2.0
+    gw, gh = gt[..., 2] - gt[..., 0], gt[..., 3] - gt[..., 1]
+    gcx, gcy = (gt[..., 0] + gt[..., 2]) / 2.0, (gt[..., 1] + gt[..., 3]) / 2.0
+    parts = [(gcx - pcx) / pw, (gcy - pcy) / ph, jnp.log(gw / pw), jnp.log(gh / ph)]
+    return jnp.stack(parts, axis=-1) / v
+
+
+def decode_boxes(prior, variance, loc, code_type: int, encoded: bool):
+    """bbox_util.cpp DecodeBBox (no clipping): priors and variances (P, 4), loc (..., P, 4)."""
+    v = jnp.ones_like(variance) if encoded else variance
+    t = loc * v
+    if code_type == CodeType.CORNER:
+        return prior + t
+    pw = prior[:, 2] - prior[:, 0]
+    ph = prior[:, 3] - prior[:, 1]
+    if code_type == CodeType.CORNER_SIZE:
+        return prior + t * jnp.stack([pw, ph, pw, ph], axis=-1)
+    if code_type != CodeType.CENTER_SIZE:
+        raise ValueError(f"unknown code_type {code_type}")
+    pcx = (prior[:, 0] + prior[:, 2]) / 2.0
+    pcy = (prior[:, 1] + prior[:, 3]) / 2.0
+    cx = t[..., 0] * pw + pcx
+    cy = t[..., 1] * ph + pcy
+    w = jnp.exp(t[..., 2]) * pw
+    h = jnp.exp(t[..., 3]) * ph
+    return jnp.stack([cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0], axis=-1)
+
+
+# -- R-CNN --------------------------------------------------------------------------------------
 
 
 def bbox_transform(ex: jax.Array, gt: jax.Array) -> jax.Array:
@@ -47,18 +85,14 @@ def bbox_transform(ex: jax.Array, gt: jax.Array) -> jax.Array:
     )
 
 
-def gt_valid(gt_boxes: jax.Array) -> jax.Array:
-    """The real (unpadded) rows of a (G, 5) gt_boxes array: class ≥ 1."""
-    return gt_boxes[:, 4] >= 1
-
-
-def random_subset(key: jax.Array, member: jax.Array, size: jax.Array) -> jax.Array:
-    """A uniformly random subset of ``min(size, Σ member)`` of the True entries of ``member``
-    (a boolean mask), as a mask of the same shape.
-
-    The distribution equals numpy's ``npr.choice(inds, size, replace=False)`` (every subset of
-    that size equally likely); the draws themselves differ (JAX's key, not numpy's state)."""
-    u = jax.random.uniform(key, member.shape)
-    prio = jnp.where(member, u, 2.0)  # members first, in random order
-    rank = jnp.argsort(jnp.argsort(prio))
-    return member & (rank < size)
+def bbox_transform_inv(boxes, deltas):
+    """lib/fast_rcnn/bbox_transform.py bbox_transform_inv for (K, 4) boxes and deltas."""
+    w = boxes[:, 2] - boxes[:, 0] + 1.0
+    h = boxes[:, 3] - boxes[:, 1] + 1.0
+    cx = boxes[:, 0] + 0.5 * w
+    cy = boxes[:, 1] + 0.5 * h
+    pcx = deltas[:, 0] * w + cx
+    pcy = deltas[:, 1] * h + cy
+    pw = jnp.exp(deltas[:, 2]) * w
+    ph = jnp.exp(deltas[:, 3]) * h
+    return jnp.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], axis=1)

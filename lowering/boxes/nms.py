@@ -10,8 +10,10 @@ compactions, never a shape that depends on the data:
   IoU with every kept one is ≤ the threshold (adaptive with ``eta`` as SSD: after each keep,
   if eta < 1 and threshold > 0.5, threshold *= eta); :func:`greedy_keep_rows` the same
   (or ≥-suppression, the YOLO forks') with IoU rows computed on the fly, for long lists
-  (py-faster-rcnn's nms with :func:`iou_row_plus_one`);
+  (py-faster-rcnn's nms with ``iou_row(RCNN_NMS)``);
 * :func:`compact` — the rows flagged kept moved to the front in order, the rest padding.
+
+The overlaps come from :mod:`caffe2jax.lowering.boxes.iou`, in the caller's fork's convention.
 """
 
 from __future__ import annotations
@@ -19,20 +21,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-
-def iou_matrix(boxes: jax.Array) -> jax.Array:
-    """Pairwise IoU of (..., M, 4) [xmin, ymin, xmax, ymax] boxes: SSD's JaccardOverlap on
-    normalized boxes (area w·h, an inverted box has area 0, disjoint boxes 0)."""
-    x1, y1, x2, y2 = (boxes[..., i] for i in range(4))
-    a, b = (lambda v: v[..., :, None]), (lambda v: v[..., None, :])
-    iw = jnp.minimum(a(x2), b(x2)) - jnp.maximum(a(x1), b(x1))
-    ih = jnp.minimum(a(y2), b(y2)) - jnp.maximum(a(y1), b(y1))
-    disjoint = (b(x1) > a(x2)) | (b(x2) < a(x1)) | (b(y1) > a(y2)) | (b(y2) < a(y1))
-    inter = jnp.where((iw < 0) | (ih < 0), 0.0, iw * ih)
-    area = jnp.where((x2 < x1) | (y2 < y1), 0.0, (x2 - x1) * (y2 - y1))
-    overlap = inter / (a(area) + b(area) - inter)
-    return jnp.where(disjoint, 0.0, overlap)
 
 
 def ranked(scores: jax.Array, valid: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
@@ -88,13 +76,3 @@ def greedy_keep_rows(boxes, valid, threshold: float, iou_row, strict: bool = Fal
         return keep.at[i].set(k)
 
     return lax.fori_loop(0, m, step, jnp.zeros_like(valid))
-
-
-def iou_row_plus_one(box: jax.Array, boxes: jax.Array) -> jax.Array:
-    """py-faster-rcnn's nms overlap of one box with (M, 4) boxes ((x2−x1+1)·(y2−y1+1) areas)."""
-    iw = jnp.minimum(box[2], boxes[:, 2]) - jnp.maximum(box[0], boxes[:, 0]) + 1.0
-    ih = jnp.minimum(box[3], boxes[:, 3]) - jnp.maximum(box[1], boxes[:, 1]) + 1.0
-    inter = jnp.maximum(iw, 0.0) * jnp.maximum(ih, 0.0)
-    area = (boxes[:, 2] - boxes[:, 0] + 1.0) * (boxes[:, 3] - boxes[:, 1] + 1.0)
-    own = (box[2] - box[0] + 1.0) * (box[3] - box[1] + 1.0)
-    return inter / (own + area - inter)

@@ -1,6 +1,7 @@
-"""C3D's 3-D layers: Convolution3D and Pooling3D (facebook/C3D v1.1, and v1.0's CONVOLUTION3D /
-POOLING3D, which the frontend upgrades to the same ``convolution3d_param`` /
-``pooling3d_param``: form ``"c3d-v1.0"`` differs only in how its weights are stored).
+"""C3D's layers: Convolution3D, Pooling3D and VideoData (facebook/C3D v1.1, and v1.0's
+CONVOLUTION3D / POOLING3D / VIDEO_DATA, which the frontend upgrades to the same
+``convolution3d_param`` / ``pooling3d_param`` / ``video_data_param``: form ``"c3d-v1.0"`` differs
+only in how its weights and mean file are stored, so the 3-D layers have one entry for both).
 
 Reproduced from C3D (convolution3d_layer.cpp, pool3d_layer.cpp/.cu, v1.0 and v1.1 alike), on
 (N, C, L, H, W) blobs:
@@ -15,6 +16,9 @@ Reproduced from C3D (convolution3d_layer.cpp, pool3d_layer.cpp/.cu, v1.0 and v1.
   are clipped to the input. MAX (no padding allowed) starts from −FLT_MAX; AVE sums the
   clipped window and divides by its size clipped to ``[−pad, H + pad)`` (padded cells count)
   and ``[0, L)``. STOCHASTIC is not implemented in C3D.
+* VideoData (forms ``c3d`` and ``c3d-v1.0``): clips of ``new_length`` frames from the folders
+  ``video_data_param.source`` lists, read by the runtime's pipeline
+  (caffe2jax.runtime.data.video_data); both tops, data and label.
 * MAX backward: C3D sends each top diff to *every* cell of the window equal to the maximum
   (CPU and GPU kernels alike), not to one of them as the true (sub)gradient would: a
   ``custom_vjp`` reproduces it (it matters on ties, e.g. windows of zeros after a ReLU).
@@ -31,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.layers.data import DATA, from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import fail
 
@@ -219,3 +224,15 @@ def pooling3d(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]
     )
     divisor = _ave_divisor(x.shape, kernel, stride, pad, out)
     return [total / jnp.asarray(divisor, x.dtype)]
+
+
+def video_data(layer: ir.Layer):
+    """C3D's VideoData: clips from frame folders, read by the pipeline; both tops."""
+    if len(layer.tops) != 2:
+        raise fail(layer, f"C3D's VideoData produces 2 tops (data, label), got {len(layer.tops)}")
+    return from_source(layer)
+
+
+for _form in ("c3d", "c3d-v1.0"):
+    register("VideoData", form=_form, counts=(0, 0, 1, 2), source=True, feed="pipeline",
+             reader=DATA + "video_data:VideoDataSource")(video_data)  # fmt: skip

@@ -1,4 +1,5 @@
-"""CRNN's sequence layers (yalecyu/crnn.caffe@0d95ba2): CtcLoss and LabelsequenceAccuracy.
+"""CRNN's sequence layers (yalecyu/crnn.caffe@0d95ba2): CtcLoss, LabelsequenceAccuracy and
+ContinuationIndicator (CRNN also uses SSD's Permute: lowering/forks/ssd.py).
 
 **CtcLoss** (ctc_loss_layer.cpp + its bundled warp-ctc, cpu_ctc.cuh):
 
@@ -140,3 +141,16 @@ def labelsequence_accuracy(layer, params, bottoms, ctx):
     truth = jnp.pad(truth, ((0, 0), (0, width - truth.shape[1])), constant_values=-1)
     same = (pred_len == truth_len) & jnp.all(pred == truth, axis=1)
     return [jnp.mean(same.astype(ctx.dtype))]
+
+
+@register("ContinuationIndicator", counts=(0, 0, 1, 1))
+def continuation_indicator(layer, params, bottoms, ctx):
+    """CRNN's ContinuationIndicatorLayer: the ``cont`` input of a recurrent layer over
+    ``time_step`` steps of ``batch_size`` sequences, (T, N) of 0 at t = 0 and 1 after (each
+    batch is one set of new sequences). It has no bottoms and computes no gradient."""
+    p = layer.param.continuation_indicator_param
+    if p.time_step <= 0 or p.batch_size <= 0:
+        raise fail(layer, f"time_step ({p.time_step}) and batch_size ({p.batch_size}) must "
+                          "both be positive")  # fmt: skip
+    steps = jnp.arange(p.time_step)[:, None] > 0
+    return [jnp.broadcast_to(steps, (p.time_step, p.batch_size)).astype(ctx.dtype)]

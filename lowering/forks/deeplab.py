@@ -1,135 +1,46 @@
-"""The forks' resampling layers: Upsample (both forms) and Interp (PSPNet / DeepLab v2 / v1).
+"""DeepLab's and PSPNet's layers (PSPNet's Caffe is built on DeepLab v2's): Interp and
+ImageSegData (DeepLab v2 / PSPNet, and DeepLab v1's in form ``deeplab-v1``), and PSPNet's BN
+(form ``pspnet``).
 
-* Upsample ``max_unpool`` (SegNet, ENet: upsample_layer.cpp): bottoms ``[x, mask]``, the mask
-  being the second top of a MAX Pooling layer (the flat index ``h·W + w`` into the pooling
-  input's plane, as a float). Top (N, C, upsample_h, upsample_w), or
-  ``(h·scale_h − pad_out_h, w·scale_w − pad_out_w)``; zeros, then ``top.flat[int(mask[i])] =
-  x[i]`` for i ascending (a later i wins a shared index). Caffe stops with a fatal error on an
-  index outside the top; a compiled program cannot, so such a plane comes out all NaN.
-* Upsample ``nearest`` (the YOLO ports): ``top[h, w] = x[h div s, w div s]``.
-* Interp: the top size by the fork's rules (:func:`interp_size`), then align-corners bilinear
-  sampling of the window ``[−pad_beg, H + pad_end)`` with the fork's float32 source
-  coordinates (util/interp.cpp): ``r = (H_eff − 1)/(H_out − 1)`` (0 when H_out is 1), source
-  ``r·i``, ``i0 = trunc``, ``i1 = i0 + 1`` unless at the last row, ``λ = r·i − i0``; the same
-  size copies the window. Its backward scatters with the same weights, the true gradient.
+* Interp: the top size by the fork's rules (:func:`interp_size`; DeepLab v1 takes exactly one
+  of zoom_factor, shrink_factor, or height and width), then align-corners bilinear sampling of
+  the window ``[−pad_beg, H + pad_end)`` with the fork's float32 source coordinates
+  (util/interp.cpp): ``r = (H_eff − 1)/(H_out − 1)`` (0 when H_out is 1), source ``r·i``,
+  ``i0 = trunc``, ``i1 = i0 + 1`` unless at the last row, ``λ = r·i − i0``; the same size
+  copies the window. Its backward scatters with the same weights, the true gradient.
+* ImageSegData (``image_data_param``): images and label maps listed in ``source``, read by the
+  runtime's pipeline (caffe2jax.runtime.data.image_seg_data); DeepLab v2's optional third top
+  is data_dim, DeepLab v1 has exactly two tops.
+* BN in PSPNet's form (PSPNet bn_layer.cpp): blobs ``[slope, bias, mean, variance]``
+  (1, C, 1, 1); mean and variance are state. TEST, or ``frozen``: ``y = slope·(x − mean)/
+  √(variance + eps) + bias``. TRAIN: the batch mean and biased variance (of ``x − μ``)
+  normalise, and the running blobs become ``momentum·blob + (1 − momentum)·batch statistic``.
+  The gradient is JAX's derivative of this forward, the fork's backward (TRAIN through the
+  batch statistics; TEST and frozen with the statistics held constant).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.registry import Context, register
-from caffe2jax.lowering.util import fail
+from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.registry import Context, ParamDecl, Shape, register
+from caffe2jax.lowering.util import CHANNEL_AXES, fail
 
 Arrays = Sequence[jax.Array]
-
-
-# -- Upsample ---------------------------------------------------------------------------------
-
-
-def unpool_size(layer: ir.Layer, hw: tuple[int, int]) -> tuple[int, int]:
-    """UpsampleLayer::LayerSetUp/Reshape of SegNet: the top's (height, width)."""
-    p = layer.param.upsample_param
-    if p.HasField("upsample_h") or p.HasField("upsample_w"):
-        if not (p.HasField("upsample_h") and p.HasField("upsample_w")):
-            raise fail(layer, "give both upsample_h and upsample_w")
-        if p.upsample_h <= 1 or p.upsample_w <= 1:
-            raise fail(layer, "upsample_h and upsample_w must be greater than 1")
-        return p.upsample_h, p.upsample_w
-    if p.HasField("scale_h") != p.HasField("scale_w") or (p.HasField("scale_h") and
-                                                          p.HasField("scale")):  # fmt: skip
-        raise fail(layer, "give scale, OR both scale_h and scale_w, OR upsample_h and upsample_w")
-    sh, sw = (p.scale_h, p.scale_w) if p.HasField("scale_h") else (p.scale, p.scale)
-    if sh <= 1 or sw <= 1:
-        raise fail(layer, f"upsample scale must be greater than 1, got {sh}x{sw}")
-    if (p.pad_out_h and sh != 2) or (p.pad_out_w and sw != 2):
-        raise fail(layer, "pad_out_h/pad_out_w need a scale of 2")
-    return hw[0] * sh - int(p.pad_out_h), hw[1] * sw - int(p.pad_out_w)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _unpool(x: jax.Array, index: jax.Array, size: int) -> jax.Array:
-    return _unpool_forward(x, index, size)
-
-
-def _unpool_forward(x: jax.Array, index: jax.Array, size: int) -> jax.Array:
-    """Planes (M, K) of x scattered to (M, size) at ``index`` (int, last writer wins)."""
-    m, k = x.shape
-    rows = jnp.arange(m)[:, None]
-    order = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (m, k))
-    bad = jnp.any((index < 0) | (index >= size), axis=1, keepdims=True)
-    safe = jnp.clip(index, 0, size - 1)
-    winner = jnp.full((m, size), -1, jnp.int32).at[rows, safe].max(order)
-    taken = jnp.take_along_axis(x, jnp.maximum(winner, 0), axis=1)
-    out = jnp.where(winner >= 0, taken, jnp.zeros_like(taken))
-    return jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), out)
-
-
-def _unpool_fwd(x, index, size):
-    return _unpool_forward(x, index, size), index
-
-
-def _unpool_bwd(size, index, dy):
-    # custom_vjp because SegNet's Backward_cpu gathers ``bottom_diff[i] = top_diff[mask[i]]``
-    # for every i: where two inputs share an index (overlapping pooling windows) both get the
-    # diff, although only the last one reached the top (the true gradient gives it to one).
-    dx = jnp.take_along_axis(dy, jnp.clip(index, 0, size - 1), axis=1)
-    return dx, None
-
-
-_unpool.defvjp(_unpool_fwd, _unpool_bwd)
-
-
-def _nearest(layer: ir.Layer, x: jax.Array, axes: tuple[int, int]) -> jax.Array:
-    scale = layer.param.upsample_param.scale
-    if scale < 1:
-        raise fail(layer, f"upsample_param.scale must be at least 1, got {scale}")
-    return jnp.repeat(jnp.repeat(x, scale, axis=axes[0]), scale, axis=axes[1])
-
-
-@register("Upsample", counts=(1, 2, 1, 1))
-def upsample(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
-    """The fork Upsample of ``layer.form``: SegNet's max-unpooling or the YOLO ports' nearest
-    (module docstring)."""
-    if layer.form != "max_unpool":
-        (x,) = bottoms
-        if x.ndim != 4:
-            raise fail(layer, f"Upsample takes a 4-D bottom, got {tuple(x.shape)}")
-        return [_nearest(layer, x, (2, 3))]
-    x, mask = bottoms
-    if x.ndim != 4 or x.shape != mask.shape:
-        raise fail(
-            layer,
-            f"the values {tuple(x.shape)} and the mask {tuple(mask.shape)} must be 4-D blobs "
-            "of one shape",
-        )
-    n, c, h, w = x.shape
-    oh, ow = unpool_size(layer, (h, w))
-    index = jax.lax.stop_gradient(mask).astype(jnp.int32).reshape(n * c, h * w)
-    y = _unpool(x.reshape(n * c, h * w), index, oh * ow)
-    return [y.reshape(n, c, oh, ow)]
-
-
-def _nearest_only(layer: ir.Layer, shapes) -> bool:
-    return layer.form != "max_unpool"
-
-
-@upsample.nhwc(when=_nearest_only)
-def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
-    return [_nearest(layer, bottoms[0], (1, 2))]
 
 
 # -- Interp -----------------------------------------------------------------------------------
 
 
-def interp_size(layer: ir.Layer, hw: tuple[int, int]) -> tuple[int, int]:
-    """InterpLayer::Reshape: the top's (height, width) from the cropped input size."""
+def interp_size(layer: ir.Layer, hw: tuple[int, int], v1: bool = False) -> tuple[int, int]:
+    """InterpLayer::Reshape: the top's (height, width) from the cropped input size (``v1``:
+    DeepLab v1's rule, exactly one of zoom_factor, shrink_factor, or height and width)."""
     p = layer.param.interp_param
     if p.pad_beg > 0 or p.pad_end > 0:
         raise fail(layer, "Interp supports only pad_beg, pad_end <= 0 (cropping)")
@@ -138,7 +49,7 @@ def interp_size(layer: ir.Layer, hw: tuple[int, int]) -> tuple[int, int]:
         raise fail(layer, f"pad_beg/pad_end crop the whole input {list(hw)}")
     shrink, zoom = p.HasField("shrink_factor"), p.HasField("zoom_factor")
     sized = p.HasField("height") and p.HasField("width")
-    if layer.form == "deeplab-v1" and shrink + zoom + sized != 1:
+    if v1 and shrink + zoom + sized != 1:
         raise fail(layer, "DeepLab v1's Interp takes exactly one of zoom_factor, "
                           "shrink_factor, or height and width")  # fmt: skip
     if (shrink and p.shrink_factor < 1) or (zoom and p.zoom_factor < 1):
@@ -175,10 +86,10 @@ def interp_matrix(n_in: int, n_out: int) -> np.ndarray:
     return a
 
 
-def _interp(layer: ir.Layer, x: jax.Array, nhwc: bool) -> jax.Array:
+def _interp(layer: ir.Layer, x: jax.Array, nhwc: bool, v1: bool = False) -> jax.Array:
     h_axis = 1 if nhwc else 2
     hw = (x.shape[h_axis], x.shape[h_axis + 1])
-    oh, ow = interp_size(layer, hw)
+    oh, ow = interp_size(layer, hw, v1)
     p = layer.param.interp_param
     start = -p.pad_beg
     crop = tuple(slice(start, n + p.pad_end) for n in hw)
@@ -192,15 +103,105 @@ def _interp(layer: ir.Layer, x: jax.Array, nhwc: bool) -> jax.Array:
     return jnp.einsum(spec, ah, aw, x, precision=jax.lax.Precision.HIGHEST)
 
 
-@register("Interp", counts=(1, 1, 1, 1))
-def interp(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
-    """InterpLayer (PSPNet, DeepLab v2; DeepLab v1's INTERP in form ``deeplab-v1``)."""
+def _four_d(layer: ir.Layer, bottoms: Arrays) -> jax.Array:
     (x,) = bottoms
     if x.ndim != 4:
         raise fail(layer, f"Interp takes a 4-D bottom, got {tuple(x.shape)}")
-    return [_interp(layer, x, nhwc=False)]
+    return x
+
+
+@register("Interp", counts=(1, 1, 1, 1))
+def interp(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """InterpLayer (PSPNet, DeepLab v2)."""
+    return [_interp(layer, _four_d(layer, bottoms), nhwc=False)]
 
 
 @interp.nhwc
 def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     return [_interp(layer, bottoms[0], nhwc=True)]
+
+
+@register("Interp", form="deeplab-v1", counts=(1, 1, 1, 1))
+def interp_v1(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """DeepLab v1's INTERP: InterpLayer with exactly one size rule (:func:`interp_size`)."""
+    return [_interp(layer, _four_d(layer, bottoms), nhwc=False, v1=True)]
+
+
+@interp_v1.nhwc
+def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    return [_interp(layer, bottoms[0], nhwc=True, v1=True)]
+
+
+# -- ImageSegData -------------------------------------------------------------------------------
+
+
+def _image_seg_data(layer: ir.Layer):
+    """DeepLab v2's ImageSegData: two tops, or three with data_dim."""
+    return from_source(layer)
+
+
+def _image_seg_data_v1(layer: ir.Layer):
+    """DeepLab v1's IMAGE_SEG_DATA: two tops."""
+    if len(layer.tops) != 2:
+        raise fail(layer, f"DeepLab v1's IMAGE_SEG_DATA produces 2 tops, got {len(layer.tops)}")
+    return from_source(layer)
+
+
+for _form, _fn in (("", _image_seg_data), ("deeplab-v1", _image_seg_data_v1)):
+    register("ImageSegData", form=_form, counts=(0, 0, 2, 3), source=True, feed="pipeline",
+             reader=DATA + "image_seg_data:ImageSegDataSource")(_fn)  # fmt: skip
+
+
+# -- BN (PSPNet) --------------------------------------------------------------------------------
+
+
+def _bn_channels(layer: ir.Layer, shape: Shape) -> int:
+    if len(shape) != 4:
+        raise fail(layer, f"BN takes a 4-D bottom (num, channels, height, width), got {shape}")
+    return shape[1]
+
+
+@register("BN", form="pspnet", counts=(1, 1, 1, 3), stateful=True)
+def pspnet_bn(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
+    """PSPNet's BN layer (module docstring): one top, the new running mean and variance."""
+    if len(layer.tops) != 1:
+        raise fail(layer, f"PSPNet's BN has one top, got {len(layer.tops)}")
+    return _pspnet(layer, params, bottoms[0], ctx, nhwc=False)
+
+
+@pspnet_bn.nhwc(when=lambda layer, shapes: len(layer.tops) == 1)
+def _(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context):
+    """The same on a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
+    return _pspnet(layer, params, bottoms[0], ctx, nhwc=True)
+
+
+def _pspnet(layer: ir.Layer, params: Arrays, x: jax.Array, ctx: Context, nhwc: bool):
+    p = layer.param.bn_param
+    axes, column = CHANNEL_AXES[nhwc]
+    slope, bias, mean, var = (b.reshape(column) for b in params)
+    if ctx.train and not p.frozen:
+        batch_mean = jnp.mean(x, axis=axes, keepdims=True)
+        batch_var = jnp.mean(jnp.square(x - batch_mean), axis=axes, keepdims=True)
+        m = p.momentum
+        new_state = [
+            (m * mean + (1 - m) * batch_mean).reshape(params[2].shape),
+            (m * var + (1 - m) * batch_var).reshape(params[3].shape),
+        ]
+        mean, var = batch_mean, batch_var
+    else:
+        new_state = [params[2], params[3]]
+    y = slope * (x - mean) / jnp.sqrt(var + p.eps) + bias
+    return [y], new_state
+
+
+@pspnet_bn.param_shapes
+def _(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
+    """slope, bias (their fillers), then the running mean and variance (state, zeros)."""
+    shape = (1, _bn_channels(layer, tuple(bottom_shapes[0])), 1, 1)
+    p = layer.param.bn_param
+    return [
+        ParamDecl(shape, p.slope_filler),
+        ParamDecl(shape, p.bias_filler),
+        ParamDecl(shape, None, state=True),
+        ParamDecl(shape, None, state=True),
+    ]

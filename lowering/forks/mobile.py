@@ -1,12 +1,17 @@
-"""The forks' channel layers: ShuffleChannel (ShuffleNet), Axpy (SENet), and the depthwise
-convolution type strings ConvolutionDepthwise (farmingyard / yonghenglh6 style, ShuffleNet and
-ChenYingpeng's prototxts) and DepthwiseConvolution (eric612, ShuffleNet v2 ports).
+"""The mobile nets' layers: ShuffleChannel (ShuffleNet), Axpy (SENet), ReLU6 (eric612's
+MobileNet-YOLO), and the depthwise convolution type strings ConvolutionDepthwise (farmingyard /
+yonghenglh6 style, ShuffleNet and ChenYingpeng's prototxts) and DepthwiseConvolution (eric612,
+ShuffleNet v2 ports).
 
 * ShuffleChannel (shuffle_channel_layer.cpp): ``C = g·k``; top channel ``j·g + i`` is bottom
   channel ``i·k + j`` (a reshape to (N, g, k, H, W), a transpose of g and k, a reshape back).
   Its backward is the inverse permutation (autodiff of the transpose).
 * Axpy (axpy_layer.cpp): bottoms ``[a (N, C, 1, 1) or (N, C), x, y]``, top ``a·x + y``; the
   fork's backward is the true gradient (``da = Σ_hw dtop·x``, ``dx = a·dtop``, ``dy = dtop``).
+* ReLU6 (relu6_layer.cpp, ``relu6_param`` a ReLUParameter): ``y = min(max(x, 0) +
+  negative_slope·min(x, 0), 6)``; its backward passes ``dy`` on ``0 < x < 6``,
+  ``negative_slope·dy`` on ``x ≤ 0`` and nothing on ``x ≥ 6``: the ``jnp.where`` below tests
+  the same predicates, so autodiff takes the fork's branch at the kinks.
 * ConvolutionDepthwise / DepthwiseConvolution: Caffe's Convolution with ``group`` equal to the
   bottom's channel count (``num_output`` a multiple of it); weights (num_output, 1, kh, kw). A
   ``group`` the prototxt gives must be that channel count. The lowering is Convolution's own
@@ -19,6 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.layers import vision
@@ -26,6 +32,29 @@ from caffe2jax.lowering.registry import Context, ParamDecl, Planning, Shape, reg
 from caffe2jax.lowering.util import fail, nchw
 
 Arrays = Sequence[jax.Array]
+
+
+# -- ReLU6 -------------------------------------------------------------------------------------
+
+
+def _relu6_slope(layer: ir.Layer) -> float:
+    p = layer.param
+    return (
+        p.relu6_param.negative_slope if p.HasField("relu6_param") else p.relu_param.negative_slope
+    )
+
+
+@register("ReLU6", counts=(1, 1, 1, 1))
+def relu6(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
+    """ReLU6Layer: the ReLU (with its negative slope) clipped at 6."""
+    (x,) = bottoms
+    slope = _relu6_slope(layer)
+    negative = x * slope if slope else jnp.zeros_like(x)
+    six = jnp.full_like(x, 6.0)
+    return [jnp.where(x > 0, jnp.where(x < 6, x, six), negative)]
+
+
+relu6.nhwc(relu6.fn)  # element by element
 
 
 # -- ShuffleChannel ---------------------------------------------------------------------------

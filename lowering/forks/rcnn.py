@@ -1,5 +1,9 @@
-"""SmoothL1Loss in caffe-fast-rcnn's form (``layer.form == "rcnn"``; Faster R-CNN and R-FCN),
-as caffe-fast-rcnn's smooth_l1_loss_layer.cu computes it.
+"""Faster R-CNN's layers (rbgirshick/caffe-fast-rcnn, which R-FCN's Caffe builds on): SmoothL1Loss
+(form ``rcnn``), Dropout (form ``scale_train``) and py-faster-rcnn's RoIDataLayer as the data
+layer type ``RoIData``. ROIPooling: lowering/forks/rcnn_roi.py; the Python layers of
+py-faster-rcnn's lib/rpn: lowering/forks/rcnn_proposal.py, rcnn_targets.py.
+
+SmoothL1Loss as caffe-fast-rcnn's smooth_l1_loss_layer.cu computes it:
 
 * ``smooth_l1_loss_param.sigma`` (default 1); σ² = sigma².
 * Bottoms: pred, target and optionally inside and outside weights (2 or 4 bottoms, every one
@@ -12,6 +16,14 @@ as caffe-fast-rcnn's smooth_l1_loss_layer.cu computes it.
   target layers have none to give); they are held constant here (``stop_gradient``).
 
 The fork's layer is GPU-only (its CPU forward is NOT_IMPLEMENTED); this runs everywhere.
+
+Dropout with ``scale_train: false`` keeps the TRAIN mask unscaled and multiplies by
+``1 − dropout_ratio`` in TEST (caffe-fast-rcnn's dropout_layer.cpp); ``scale_train: true`` is
+BVLC's layer.
+
+``RoIData``: a net naming ``python_param { module: 'roi_data_layer.layer' layer:
+'RoIDataLayer' }`` is read by the runtime's ``roi_data`` reader (caffe2jax.runtime.data) unless
+the user's own module is importable (then it runs on the host, as in Caffe).
 """
 
 from __future__ import annotations
@@ -21,6 +33,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from caffe2jax.frontend import ir
+from caffe2jax.lowering.layers import neuron
+from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.python_layer import register_builtin_python_data_layer
+from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import fail
 
 
@@ -39,6 +55,7 @@ def _checked(layer: ir.Layer, bottoms: list) -> None:
             )
 
 
+@register("SmoothL1Loss", form="rcnn", counts=(2, 4, 1, 1))
 def smooth_l1_rcnn(layer: ir.Layer, params, bottoms, ctx) -> list[jax.Array]:
     """caffe-fast-rcnn's SmoothL1Loss forward (see the module docstring): one scalar top."""
     bottoms = list(bottoms)
@@ -61,4 +78,23 @@ def smooth_l1_rcnn(layer: ir.Layer, params, bottoms, ctx) -> list[jax.Array]:
     return [jnp.sum(per) / num]
 
 
-_rcnn = smooth_l1_rcnn  # the name lowering/smooth_l1.py (the SmoothL1Loss dispatcher) imports
+@register("Dropout", form="scale_train", counts=(1, 1, 1, 1), bf16=True)
+def dropout_scale_train(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """caffe-fast-rcnn's DropoutLayer: BVLC's, or with ``scale_train: false`` the TRAIN mask
+    unscaled and TEST scaled by ``1 − dropout_ratio``."""
+    (x,) = bottoms
+    ratio = neuron.dropout_ratio(layer)
+    scaled = layer.param.dropout_param.scale_train
+    if not ctx.train:
+        return [x if scaled else x * (1.0 - ratio)]
+    return [neuron.dropped(x, ratio, ctx, scale=scaled)]
+
+
+@register("RoIData", counts=(0, 0, 3, 3), source=True, feed="pipeline",
+          reader=DATA + "roi_data:RoIDataSource")  # fmt: skip
+def roi_data(layer: ir.Layer):
+    """py-faster-rcnn's RoIDataLayer, read by the runtime: tops data, im_info, gt_boxes."""
+    return from_source(layer)
+
+
+register_builtin_python_data_layer("roi_data_layer.layer", "RoIDataLayer", "RoIData")

@@ -18,8 +18,8 @@ lib/fast_rcnn/bbox_transform.py, config.py and nms/py_cpu_nms.py:
   argsort leaves them unspecified), ``RPN_PRE_NMS_TOP_N`` kept, NMS at ``RPN_NMS_THRESH``
   (+1 areas, IoU ≤ threshold kept), ``RPN_POST_NMS_TOP_N`` kept. Config: TEST 6000 / 300 /
   0.7 / 16, TRAIN 12000 / 2000 / 0.7 / 16 (cfg.TEST / cfg.TRAIN). py-R-FCN's layer
-  (``layer.form == "rfcn"``, frontend/forks/forms.py) is the same code run with
-  experiments/cfgs/rfcn_end2end_ohem.yml: TRAIN 6000 / 300 / 0.7 / 16.
+  (form ``rfcn``, frontend/forks/forms.py) is the same code run with
+  experiments/cfgs/rfcn_end2end_ohem.yml, registered in lowering/forks/rfcn.py.
 
 Tops: rois (R, 5) [0, x1, y1, x2, y2] and optionally scores (R, 1). py-faster-rcnn's R is the
 number kept; here R is the static ``RPN_POST_NMS_TOP_N`` (capped by the candidates there can
@@ -36,16 +36,15 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.boxes.nms import compact, greedy_keep_rows, iou_row_plus_one, ranked
+from caffe2jax.lowering.boxes.coders import bbox_transform_inv
+from caffe2jax.lowering.boxes.iou import RCNN_NMS, iou_row
+from caffe2jax.lowering.boxes.nms import compact, greedy_keep_rows, ranked
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.util import fail
 
 #: cfg.TEST / cfg.TRAIN of lib/fast_rcnn/config.py: pre-NMS top N, post-NMS top N, NMS
 #: threshold, min size.
 CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (12000, 2000, 0.7, 16)}
-
-#: The same for py-R-FCN's rfcn_end2end_ohem.yml (RPN_PRE/POST_NMS_TOP_N 6000 / 300 in TRAIN).
-RFCN_CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (6000, 300, 0.7, 16)}
 
 _ENTRY = re.compile(
     r"""['"]?(\w+)['"]?\s*:\s*(?:!!python/tuple\s*)?(\[[^\]]*\]|\([^)]*\)|[^,\n}]+)"""
@@ -84,19 +83,6 @@ def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32)) -> np
     return np.asarray(out, np.float64)
 
 
-def bbox_transform_inv(boxes, deltas):
-    """lib/fast_rcnn/bbox_transform.py bbox_transform_inv for (K, 4) boxes and deltas."""
-    w = boxes[:, 2] - boxes[:, 0] + 1.0
-    h = boxes[:, 3] - boxes[:, 1] + 1.0
-    cx = boxes[:, 0] + 0.5 * w
-    cy = boxes[:, 1] + 0.5 * h
-    pcx = deltas[:, 0] * w + cx
-    pcy = deltas[:, 1] * h + cy
-    pw = jnp.exp(deltas[:, 2]) * w
-    ph = jnp.exp(deltas[:, 3]) * h
-    return jnp.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], axis=1)
-
-
 def _settings(param_str: str) -> tuple[float, np.ndarray]:
     params = parse_param_str(param_str)
     if "feat_stride" not in params:
@@ -120,8 +106,9 @@ def _proposals(scores, deltas, info, stride: float, anchors: np.ndarray):
     return boxes, fg
 
 
-def proposal_layer(layer: ir.Layer, params, bottoms, ctx):
-    """The built-in ``rpn.proposal_layer.ProposalLayer`` forward (module docstring)."""
+def proposal_layer(layer: ir.Layer, params, bottoms, ctx, config=CONFIG):
+    """The built-in ``rpn.proposal_layer.ProposalLayer`` forward (module docstring), with the
+    fork's ``config`` by phase."""
     if len(bottoms) != 3 or len(layer.tops) not in (1, 2):
         got = f"got {len(bottoms)} and {len(layer.tops)}"
         raise fail(layer, f"ProposalLayer takes 3 bottoms and gives 1 or 2 tops, {got}")
@@ -132,7 +119,7 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx):
         stride, anchors = _settings(layer.param.python_param.param_str)
     except ValueError as err:
         raise fail(layer, str(err)) from None
-    pre, post, thresh, min_size = (RFCN_CONFIG if layer.form == "rfcn" else CONFIG)[ctx.phase]
+    pre, post, thresh, min_size = config[ctx.phase]
     info = im_info.reshape(-1)
     boxes, fg = _proposals(scores, deltas, info, stride, anchors)
     ws = boxes[:, 2] - boxes[:, 0] + 1
@@ -140,7 +127,7 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx):
     valid = (ws >= min_size * info[2]) & (hs >= min_size * info[2])
     order, valid = ranked(fg, valid, min(pre, fg.shape[0]))
     cand = boxes[order]
-    keep = greedy_keep_rows(cand, valid, thresh, iou_row_plus_one)  # O(pre-NMS N) memory
+    keep = greedy_keep_rows(cand, valid, thresh, iou_row(RCNN_NMS))  # O(pre-NMS N) memory
     size = min(post, order.shape[0])
     rows = jnp.concatenate([jnp.zeros_like(cand[:, :1]), cand, fg[order][:, None]], axis=1)
     out = compact(rows, keep, size, jnp.zeros((6,), rows.dtype))

@@ -3,12 +3,12 @@
 ProposalTargetLayer``.
 
 A net naming either in ``python_param`` runs this version unless the user registered a JAX function
-for it or their own module is importable from sys.path (then their class runs, as in Caffe; the
-registration of the proposal target layer, with py-R-FCN's form of it, is in
-:mod:`~caffe2jax.lowering.forks.rfcn`). Reproduced from py-faster-rcnn@781a917
-lib/rpn/anchor_target_layer.py, proposal_target_layer.py and the end2end config
-(lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml): the thresholds, fractions
-and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the fork's.
+for it or their own module is importable from sys.path (then their class runs, as in Caffe;
+py-R-FCN's form of the proposal target layer is :mod:`~caffe2jax.lowering.forks.rfcn`).
+Reproduced from py-faster-rcnn@781a917 lib/rpn/anchor_target_layer.py, proposal_target_layer.py
+and the end2end config (lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml):
+the thresholds, fractions and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the
+fork's.
 
 What differs from the numpy original (both layers have no backward there; here their tops are
 constants for the gradient, ``stop_gradient``):
@@ -35,7 +35,9 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.boxes.coders import bbox_overlaps, bbox_transform, gt_valid, random_subset
+from caffe2jax.lowering.boxes.coders import bbox_transform
+from caffe2jax.lowering.boxes.iou import RCNN, iou
+from caffe2jax.lowering.boxes.matching import gt_valid, random_subset
 from caffe2jax.lowering.forks.rcnn_proposal import generate_anchors, parse_param_str
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.util import fail
@@ -145,7 +147,7 @@ def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
         (anchors[:, 0] >= -border) & (anchors[:, 1] >= -border)
         & (anchors[:, 2] < info[1] + border) & (anchors[:, 3] < info[0] + border)
     )  # fmt: skip
-    overlaps = bbox_overlaps(anchors, gt)
+    overlaps = iou(anchors, gt, RCNN)
     labels = anchor_labels(overlaps, inside, valid, ctx.key())
     assign = jnp.argmax(jnp.where(valid[None, :], overlaps, -1.0), axis=1)
     targets = jnp.where(inside[:, None], bbox_transform(anchors, gt[assign]), 0.0)
@@ -212,7 +214,7 @@ def proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=PROPOSAL_CF
     pad = max(per_image - all_rois.shape[0], 0)
     all_rois = jnp.pad(all_rois, ((0, pad), (0, 0)))
     cand = jnp.pad(cand, (0, pad))
-    overlaps = bbox_overlaps(all_rois[:, 1:], gt)
+    overlaps = iou(all_rois[:, 1:], gt, RCNN)
     fg_per = int(np.round(cfg["FG_FRACTION"] * per_image))
     idx, assign, _, is_fg = sample_rois(cand, overlaps, valid, ctx.key(), per_image, fg_per, cfg)
     out_rois = all_rois[idx]
@@ -228,3 +230,6 @@ def proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=PROPOSAL_CF
 
 
 register_builtin_python_layer("rpn.anchor_target_layer", "AnchorTargetLayer", anchor_target_layer)
+register_builtin_python_layer(
+    "rpn.proposal_target_layer", "ProposalTargetLayer", proposal_target_layer
+)

@@ -1,10 +1,11 @@
-"""py-R-FCN's ``rpn.proposal_target_layer.ProposalTargetLayer`` as a built-in Python layer, and
-the registration that picks it or py-faster-rcnn's by the layer's form.
+"""py-R-FCN's Python layers as built-ins, in their form ``rfcn`` (frontend/forks/forms.py):
+``rpn.proposal_target_layer.ProposalTargetLayer`` and ``rpn.proposal_layer.ProposalLayer``
+(py-faster-rcnn's code, lowering/forks/rcnn_proposal.py, run with py-R-FCN's config).
 
 py-R-FCN (YuwenXiong/py-R-FCN lib/rpn/proposal_target_layer.py) ships a layer under the same
 module and class name as py-faster-rcnn's, run with experiments/cfgs/rfcn_end2end_ohem.yml.
 The frontend gives the layer the form ``"rfcn"`` in a net of the R-FCN dialect
-(frontend/forks/forms.py); there this version runs. What it reproduces:
+(frontend/forks/forms.py); there these versions run. The proposal target layer reproduces:
 
 * ``BATCH_SIZE: -1``: no sampling — every candidate (each proposal and each gt box) is kept;
   with ``BG_THRESH_LO: 0.0`` every candidate is fg (max IoU ≥ ``FG_THRESH`` 0.5, label of its
@@ -33,12 +34,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.boxes.coders import bbox_overlaps, bbox_transform
+from caffe2jax.lowering.boxes.coders import bbox_transform
+from caffe2jax.lowering.boxes.iou import RCNN, iou
+from caffe2jax.lowering.forks.rcnn_proposal import proposal_layer
 from caffe2jax.lowering.forks.rcnn_targets import (
     PROPOSAL_CFG,
     gt_rows,
     num_classes,
-    proposal_target_layer,
     rois_valid,
 )
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
@@ -71,7 +73,7 @@ def rfcn_proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=RFCN_C
     as_rois = jnp.concatenate([jnp.zeros((gt.shape[0], 1), dtype), gt], axis=1)
     all_rois = jnp.concatenate([rois, as_rois])
     cand = jnp.concatenate([rois_valid(rois), valid])
-    ov = jnp.where(valid[None, :], bbox_overlaps(all_rois[:, 1:], gt), 0.0)
+    ov = jnp.where(valid[None, :], iou(all_rois[:, 1:], gt, RCNN), 0.0)
     assign, max_ov = jnp.argmax(ov, axis=1), jnp.max(ov, axis=1)
     fg = cand & (max_ov >= cfg["FG_THRESH"])
     bg = cand & (max_ov < cfg["BG_THRESH_HI"]) & (max_ov >= cfg["BG_THRESH_LO"])
@@ -90,12 +92,20 @@ def rfcn_proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=RFCN_C
     return [lax.stop_gradient(x.reshape(n, -1, 1, 1).astype(ctx.dtype)) for x in tops]
 
 
-def proposal_target(layer: ir.Layer, params, bottoms, ctx):
-    """``rpn.proposal_target_layer.ProposalTargetLayer``: py-R-FCN's in its form ``"rfcn"``,
-    py-faster-rcnn's otherwise."""
-    if layer.form == "rfcn":
-        return rfcn_proposal_target_layer(layer, params, bottoms, ctx)
-    return proposal_target_layer(layer, params, bottoms, ctx)
+register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer",
+                              rfcn_proposal_target_layer, form="rfcn")  # fmt: skip
 
 
-register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer", proposal_target)
+#: py-faster-rcnn's ProposalLayer config by phase run with py-R-FCN's rfcn_end2end_ohem.yml
+#: (RPN_PRE/POST_NMS_TOP_N 6000 / 300 in TRAIN): pre-NMS top N, post-NMS top N, NMS
+#: threshold, min size.
+RFCN_CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (6000, 300, 0.7, 16)}
+
+
+def rfcn_proposal_layer(layer: ir.Layer, params, bottoms, ctx):
+    """py-R-FCN's ProposalLayer: py-faster-rcnn's with :data:`RFCN_CONFIG`."""
+    return proposal_layer(layer, params, bottoms, ctx, config=RFCN_CONFIG)
+
+
+register_builtin_python_layer("rpn.proposal_layer", "ProposalLayer", rfcn_proposal_layer,
+                              form="rfcn")  # fmt: skip

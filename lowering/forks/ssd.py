@@ -1,6 +1,10 @@
-"""SSD's feature layers: Normalize, Permute and PriorBox (weiliu89/caffe, branch ssd).
+"""SSD's layers (weiliu89/caffe, branch ssd): Normalize, Permute, PriorBox, SmoothL1Loss (form
+``ssd``) and the data layers AnnotatedData and VideoData (form ``ssd``, refused). MultiBoxLoss,
+DetectionOutput and DetectionEvaluate have their own modules (lowering/forks/ssd_*.py); the box
+maths they share is lowering/boxes/.
 
-Reproduced from normalize_layer.cpp, permute_layer.cpp and prior_box_layer.cpp:
+Reproduced from normalize_layer.cpp, permute_layer.cpp, prior_box_layer.cpp and
+smooth_L1_loss_layer.cpp:
 
 * Normalize (``norm_param``): per sample, ``across_spatial`` divides by
   ``sqrt(Σ_{c,h,w} x² + eps)``, otherwise each position by ``sqrt(Σ_c x² + eps)`` (eps inside
@@ -16,6 +20,19 @@ Reproduced from normalize_layer.cpp, permute_layer.cpp and prior_box_layer.cpp:
   second box of each min size has side ``sqrt(min·max)``; then one box per aspect ratio
   other than 1 (ratios within 1e-6 of one already listed are dropped; ``flip`` adds 1/r).
   ``clip`` (default false in SSD; OpenCV's proto defaults it to true) clamps to [0, 1].
+* SmoothL1Loss (form ``ssd``): no parameter, bottoms pred, target [, weights].
+  d = (pred − target)·w; f = 0.5·d² where |d| < 1, else |d| − 0.5; loss = Σf / N (N =
+  pred.num). Backward: pred gets f'(d)/N and target −f'(d)/N (the layer allows backward to
+  both), the weights nothing — and **the factor w is not applied**: Caffe's backward
+  differentiates f with respect to d and stops there. That is not the true gradient when
+  weights are given, so the layer is a ``jax.custom_vjp`` (with two bottoms it coincides with
+  the true gradient). (With two bottoms and no sigma Faster R-CNN's form computes the same.)
+* AnnotatedData: images with boxes, read by the runtime's pipeline
+  (caffe2jax.runtime.data.annotated_data); its label top is (1, 1, G, 8), G fixed when the
+  layer opens (padding rows of −1: lowering/boxes/matching.py).
+* VideoData (form ``ssd``: ``video_type``, ``device_id``, ``video_file``): SSD's webcam or
+  video-file reader, refused when the net is compiled (C3D's VideoData is supported:
+  lowering/forks/c3d.py).
 """
 
 from __future__ import annotations
@@ -23,10 +40,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.layers.data import DATA, from_source
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import fail
 
@@ -189,3 +208,70 @@ def prior_box(layer, params, bottoms, ctx):
             raise fail(layer, f"the {name} bottom must be 4-D, got shape {list(x.shape)}")
     top = prior_boxes(layer, tuple(feature.shape), tuple(image.shape))
     return [jnp.asarray(top, ctx.dtype)]
+
+
+# -- SmoothL1Loss ---------------------------------------------------------------------------
+
+
+def _terms(d: jax.Array) -> jax.Array:
+    ad = jnp.abs(d)
+    return jnp.where(ad < 1.0, 0.5 * d * d, ad - 0.5)
+
+
+@jax.custom_vjp
+def _loss(pred, target, weights):
+    return jnp.sum(_terms((pred - target) * weights)) / pred.shape[0]
+
+
+def _loss_fwd(pred, target, weights):
+    d = (pred - target) * weights
+    return jnp.sum(_terms(d)) / pred.shape[0], (d, weights)
+
+
+def _loss_bwd(res, g):
+    d, weights = res
+    # f'(d) = d if |d| < 1 else sign(d), scaled by top_diff / num; NOT multiplied by w (fork)
+    grad = jnp.where(jnp.abs(d) < 1.0, d, jnp.sign(d)) * (g / d.shape[0])
+    return grad, -grad, jnp.zeros_like(weights)
+
+
+_loss.defvjp(_loss_fwd, _loss_bwd)
+
+
+@register("SmoothL1Loss", form="ssd", counts=(2, 4, 1, 1))
+def smooth_l1_ssd(layer: ir.Layer, params, bottoms, ctx) -> list[jax.Array]:
+    """SSD's SmoothL1LossLayer::Forward_cpu / Backward_cpu (module docstring)."""
+    if len(bottoms) > 3:
+        raise fail(layer, f"SSD's SmoothL1Loss takes 2 or 3 bottoms (pred, target [, weights]), "
+                          f"got {len(bottoms)}")  # fmt: skip
+    pred, target = bottoms[0], bottoms[1]
+    for b, name in zip(bottoms[1:], layer.bottom_names[1:]):
+        if b.shape[1:] != pred.shape[1:] or b.ndim < 1:
+            raise fail(layer, f"bottom '{name}' {list(b.shape)} must match the prediction "
+                              f"{list(pred.shape)} in channels, height and width")  # fmt: skip
+    if target.shape[0] != pred.shape[0]:
+        raise fail(layer, "the data and label should have the same first dimension")
+    weights = bottoms[2] if len(bottoms) == 3 else jnp.ones_like(pred)
+    return [_loss(pred, target, jax.lax.stop_gradient(weights))]
+
+
+# -- data layers ----------------------------------------------------------------------------
+
+
+@register("AnnotatedData", counts=(0, 0, 1, 2), source=True, feed="pipeline",
+          reader=DATA + "annotated_data:AnnotatedDataSource")  # fmt: skip
+def annotated_data(layer: ir.Layer):
+    """SSD's AnnotatedDataLayer: images and their boxes, shapes from the source."""
+    return from_source(layer)
+
+
+@register("VideoData", form="ssd", counts=(0, 0, 1, 2), source=True, feed="pipeline",
+          reader=DATA + "video_data:VideoDataSource")  # fmt: skip
+def video_data_ssd(layer: ir.Layer):
+    """SSD's VideoData (a webcam or a video file): refused when the net is compiled."""
+    raise fail(
+        layer,
+        "SSD's VideoData reads a webcam or a video file (video_type, device_id, video_file), "
+        "which caffe2jax does not support; C3D's VideoData (clips listed in "
+        "video_data_param.source) is",
+    )

@@ -29,10 +29,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from caffe2jax.lowering.boxes.matching import ground_truth, jaccard
+from caffe2jax.lowering.boxes.iou import SSD, SSD_PIXELS, iou
+from caffe2jax.lowering.boxes.matching import ground_truth
 from caffe2jax.lowering.forks.ssd_pixels import (
     image_ranks,
-    jaccard_pixels,
     name_sizes,
     output_bbox,
     resize_settings,
@@ -82,14 +82,14 @@ def _pixel_iou(det, gt, s: dict, count):
     start = count.astype(jnp.int32)
     a, size_a = output_bbox(det[:, 3:7], sizes[(start + det_rank) % n], s["resize"])
     b, size_b = output_bbox(gt["boxes"], sizes[(start + gt_rank) % n], s["resize"])
-    return jaccard_pixels(a, size_a, b, size_b), (start + present) % n
+    return iou(a, b, SSD_PIXELS, sizes=(size_a, size_b)), (start + present) % n
 
 
-def _evaluate(det, valid, gt, s: dict, iou):
+def _evaluate(det, valid, gt, s: dict, overlaps):
     """(tp, fp) per sorted detection row: the greedy scan with the used gts as carry."""
     same = (det[:, 0:1].astype(jnp.int32) == gt["item"][None, :]) & gt["valid"][None, :]
     same = same & (det[:, 1:2].astype(jnp.int32) == gt["label"][None, :])
-    scores = jnp.where(same, iou, -1.0)
+    scores = jnp.where(same, overlaps, -1.0)
     jmax = jnp.argmax(scores, axis=1)
     best = jnp.max(scores, axis=1)
     hit = best >= s["threshold"]
@@ -120,7 +120,7 @@ def detection_evaluate(layer, params, bottoms, ctx):
 
 @detection_evaluate.carry_shapes
 def _(layer, bottom_shapes):
-    """``count_``: the next name_size_file line (module docstring of detection_pixels)."""
+    """``count_``: the next name_size_file line (lowering/forks/ssd_pixels.py)."""
     p = layer.param.detection_evaluate_param
     return [ParamDecl((1,))] if p.HasField("name_size_file") else []
 
@@ -136,10 +136,10 @@ def _detection_evaluate(layer, bottoms, s: dict, count=None):
     gt["valid"] = jnp.cumprod(gt["present"].astype(jnp.int32)).astype(bool)
     rows, valid = _ordered(det.reshape(-1, 7))
     if count is None:
-        iou = jaccard(rows[:, 3:7], gt["boxes"])
+        overlaps = iou(rows[:, 3:7], gt["boxes"], SSD)
     else:
-        iou, count = _pixel_iou(rows, gt, s, count)
-    tp, fp = _evaluate(rows, valid, gt, s, iou)
+        overlaps, count = _pixel_iou(rows, gt, s, count)
+    tp, fp = _evaluate(rows, valid, gt, s, overlaps)
     body = jnp.stack([rows[:, 0], rows[:, 1], rows[:, 2], tp.astype(det.dtype),
                       fp.astype(det.dtype)], axis=1)  # fmt: skip
     pad = jnp.asarray([-2.0, -1.0, 0.0, 0.0, 0.0], det.dtype)

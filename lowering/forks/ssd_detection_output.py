@@ -33,32 +33,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.boxes.nms import compact, greedy_keep, iou_matrix, ranked
+from caffe2jax.lowering.boxes.coders import decode_boxes
+from caffe2jax.lowering.boxes.iou import SSD_NMS, iou
+from caffe2jax.lowering.boxes.nms import compact, greedy_keep, ranked
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import fail
 
 CodeType = caffe_pb2.PriorBoxParameter.CodeType
-
-
-def decode_boxes(prior, variance, loc, code_type: int, encoded: bool):
-    """bbox_util.cpp DecodeBBox (no clipping): priors and variances (P, 4), loc (..., P, 4)."""
-    v = jnp.ones_like(variance) if encoded else variance
-    t = loc * v
-    if code_type == CodeType.CORNER:
-        return prior + t
-    pw = prior[:, 2] - prior[:, 0]
-    ph = prior[:, 3] - prior[:, 1]
-    if code_type == CodeType.CORNER_SIZE:
-        return prior + t * jnp.stack([pw, ph, pw, ph], axis=-1)
-    if code_type != CodeType.CENTER_SIZE:
-        raise ValueError(f"unknown code_type {code_type}")
-    pcx = (prior[:, 0] + prior[:, 2]) / 2.0
-    pcy = (prior[:, 1] + prior[:, 3]) / 2.0
-    cx = t[..., 0] * pw + pcx
-    cy = t[..., 1] * ph + pcy
-    w = jnp.exp(t[..., 2]) * pw
-    h = jnp.exp(t[..., 3]) * ph
-    return jnp.stack([cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0], axis=-1)
 
 
 def _warn_unsaved(layer: ir.Layer) -> None:
@@ -121,7 +102,7 @@ def _per_class(boxes, scores, s: dict):
     order, valid = ranked(scores, valid, s["top_k"])
     cand = jnp.take_along_axis(jnp.broadcast_to(boxes, (scores.shape[0],) + boxes.shape[1:]),
                                order[..., None], axis=1)  # fmt: skip
-    keep = greedy_keep(iou_matrix(cand), valid, s["nms"], s["eta"])
+    keep = greedy_keep(iou(cand, cand, SSD_NMS), valid, s["nms"], s["eta"])
     return order, keep, cand
 
 

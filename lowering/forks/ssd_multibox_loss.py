@@ -42,8 +42,8 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.boxes.matching import cross_boundary, encode_boxes, ground_truth, jaccard
-from caffe2jax.lowering.forks.ssd_detection_output import decode_boxes
+from caffe2jax.lowering.boxes.coders import decode_boxes, encode_boxes
+from caffe2jax.lowering.boxes.matching import ground_truth, match_boxes
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import count, fail
 
@@ -149,43 +149,10 @@ def _check(layer: ir.Layer, loc, conf, prior, label, s: Settings) -> tuple[int, 
     return n, p
 
 
-def _bipartite(iou, recorded, match):
-    """The bipartite stage: rounds assigning the best remaining (prior, gt) pair, until no
-    pair is left (at most G rounds; a while loop, so padding rows cost no rounds)."""
-    g = iou.shape[1]
-
-    def step(carry):
-        match, used, _, k = carry
-        cand = recorded & (match == -1)[:, None] & ~used[None, :]
-        score = jnp.where(cand, iou, -1.0).reshape(-1)
-        flat = jnp.argmax(score)
-        ok = score[flat] > -1.0
-        i, j = flat // g, flat % g
-        match = jnp.where(ok, match.at[i].set(j), match)
-        used = jnp.where(ok, used.at[j].set(True), used)
-        return match, used, ok, k + 1
-
-    def more(carry):
-        return carry[2] & (carry[3] < g)
-
-    init = (match, jnp.zeros((g,), bool), jnp.asarray(True), jnp.asarray(0))
-    return lax.while_loop(more, step, init)[0]
-
-
 def match_image(boxes, gt_boxes, valid, s: Settings):
-    """MatchBBox for one image: (match (P,) gt index, −1 unmatched, −2 ignored; overlap (P,)
-    the best recorded overlap, 0 if none)."""
-    iou = jaccard(boxes, gt_boxes)
-    ignored = cross_boundary(boxes) if s.cross else jnp.zeros(boxes.shape[:1], bool)
-    ignored = ignored & jnp.any(valid)  # MatchBBox returns before marking when no gt
-    recorded = (iou > 1e-6) & valid[None, :] & ~ignored[:, None]
-    match = _bipartite(iou, recorded, jnp.where(ignored, -2, -1))
-    if s.per_prediction:
-        score = jnp.where(recorded & (iou >= s.threshold), iou, -1.0)
-        best = jnp.argmax(score, axis=1)
-        match = jnp.where((match == -1) & (jnp.max(score, axis=1) > -1.0), best, match)
-    overlap = jnp.max(jnp.where(recorded, iou, 0.0), axis=1)
-    return match, overlap
+    """MatchBBox for one image with the layer's settings (lowering/boxes/matching.py
+    :func:`~caffe2jax.lowering.boxes.matching.match_boxes`)."""
+    return match_boxes(boxes, gt_boxes, valid, s.threshold, s.per_prediction, s.cross)
 
 
 def _per_prior_conf_loss(conf, target, s: Settings):

@@ -15,10 +15,8 @@ as weiliu89/caffe detection_evaluate_layer.cpp and bbox_util.cpp do it.
   (when it misses the image area, ``ProjectBBox`` fails and the box is used unprojected, as
   the fork leaves ``temp_bbox`` unchanged). WARP and FIT_SMALL_SIZE without scales are the
   plain case; FIT_SMALL_SIZE with ``height_scale``/``width_scale`` is refused.
-* ``JaccardOverlap(…, normalized=false)``: the intersection has +1 widths and heights, the
-  areas are the boxes' cached ``(w + 1)·(h + 1)`` sizes (0 for an inverted box). Boxes that do
-  not touch get the zero intersection box, whose +1 size is 1: IoU 1 / (a + b − 1), as the
-  fork computes it.
+* ``JaccardOverlap(…, normalized=false)`` on these boxes and their cached ``(w + 1)·(h + 1)``
+  sizes (0 for an inverted box): lowering/boxes/iou.py, convention ``SSD_PIXELS``.
 """
 
 from __future__ import annotations
@@ -96,20 +94,6 @@ def output_bbox(box: jnp.ndarray, hw: jnp.ndarray, resize) -> tuple[jnp.ndarray,
     out = jnp.clip(box, 0.0, 1.0) * scale
     w, h = out[..., 2] - out[..., 0], out[..., 3] - out[..., 1]
     return out, jnp.where((w < 0) | (h < 0), 0.0, (w + 1) * (h + 1))
-
-
-def jaccard_pixels(a, size_a, b, size_b) -> jnp.ndarray:
-    """Pairwise JaccardOverlap(…, normalized=false) of (P, 4) and (G, 4) pixel boxes with their
-    cached sizes → (P, G) (module docstring)."""
-    ax1, ay1, ax2, ay2 = (a[:, None, i] for i in range(4))
-    bx1, by1, bx2, by2 = (b[None, :, i] for i in range(4))
-    disjoint = (bx1 > ax2) | (bx2 < ax1) | (by1 > ay2) | (by2 < ay1)
-    iw = jnp.where(disjoint, 1.0, jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1) + 1)
-    ih = jnp.where(disjoint, 1.0, jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1) + 1)
-    inter = iw * ih
-    union = size_a[:, None] + size_b[None, :] - inter
-    ok = (iw > 0) & (ih > 0)
-    return jnp.where(ok, inter / jnp.where(ok, union, 1.0), 0.0)
 
 
 def image_ranks(det_items: jnp.ndarray, items: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -1,6 +1,15 @@
-"""eric612/MobileNet-YOLO's YOLO layers: Reorg, YoloDetectionOutput (YOLOv2) and
-Yolov3DetectionOutput, from reorg_layer.{cpp,hpp}, yolo_detection_output_layer.cpp,
-yolov3_detection_output_layer.cpp and util/bbox_util.cpp at eric612@69b4441.
+"""The YOLO ports' layers: eric612/MobileNet-YOLO's Reorg, YoloDetectionOutput (YOLOv2) and
+Yolov3DetectionOutput (reorg_layer.{cpp,hpp}, yolo_detection_output_layer.cpp,
+yolov3_detection_output_layer.cpp and util/bbox_util.cpp at eric612@69b4441), the
+nearest-neighbour Upsample both ports have (form ``nearest``), and darknet2caffe's Mish and
+Pooling (form ``darknet2caffe``).
+
+* Upsample (form ``nearest``, one bottom): ``top[h, w] = x[h div s, w div s]``,
+  ``s = upsample_param.scale`` (1 when unset: the upgrade writes it out).
+* Mish (darknet2caffe mish_layer.cpp): ``y = x·tanh(softplus(x))``, softplus thresholded as
+  the fork does (``x`` above 20, ``exp(x)`` below −20, else ``log(exp(x) + 1)``).
+* Pooling (form ``darknet2caffe``, its pooling_layer.cpp): Caffe's PoolingLayer with one more
+  output row and column when ``kernel_h − stride_h`` is odd (:func:`darknet_extra`).
 
 * Reorg (``reorg_param``: ``stride`` required, ``reverse``): darknet's reorg, not a clean
   space-to-depth. Forward (reverse false) reads the input as (N, C/s², H·s, W·s) and writes
@@ -38,8 +47,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.boxes.iou import YOLO, iou_row
 from caffe2jax.lowering.boxes.nms import compact, greedy_keep_rows
-from caffe2jax.lowering.registry import register
+from caffe2jax.lowering.layers import pooling
+from caffe2jax.lowering.layers.pooling import PoolSpec
+from caffe2jax.lowering.registry import Context, Planning, register
 from caffe2jax.lowering.util import fail
 
 #: The most candidates a YOLO detection output keeps for NMS (the best-scoring ones).
@@ -106,21 +119,6 @@ def _zero_grad(fn):
 # -- detection outputs ---------------------------------------------------------------------
 
 
-def center_iou(box: jax.Array, boxes: jax.Array) -> jax.Array:
-    """The forks' box_iou on [x, y, w, h] centre boxes (intersection 0 when either overlap
-    is negative; union w1·h1 + w2·h2 − intersection)."""
-
-    def overlap(a, wa, b, wb):
-        left = jnp.maximum(a - wa / 2, b - wb / 2)
-        right = jnp.minimum(a + wa / 2, b + wb / 2)
-        return right - left
-
-    w = overlap(box[0], box[2], boxes[:, 0], boxes[:, 2])
-    h = overlap(box[1], box[3], boxes[:, 1], boxes[:, 3])
-    inter = jnp.where((w < 0) | (h < 0), 0.0, w * h)
-    return inter / (box[2] * box[3] + boxes[:, 2] * boxes[:, 3] - inter)
-
-
 def _grid(x: jax.Array, boxes: int, layer) -> jax.Array:
     """(N, H, W, B, 5+K) view of a (N, B·(5+K), H, W) bottom."""
     n, c, h, w = x.shape
@@ -141,7 +139,7 @@ def select_and_suppress(boxes, scores, labels, valid, thr: float, n: int) -> jax
     key = jnp.where(valid, scores, -jnp.inf)
     _, order = lax.top_k(key, k)  # descending; equal keys in index order
     boxes, scores, labels, valid = boxes[order], scores[order], labels[order], valid[order]
-    keep = greedy_keep_rows(boxes, valid, thr, center_iou, strict=True)
+    keep = greedy_keep_rows(boxes, valid, thr, iou_row(YOLO), strict=True)
     x, y, w, h = (boxes[:, i] for i in range(4))
     rows = jnp.stack(
         [jnp.zeros_like(x), labels + 1.0, scores, x - w / 2, y - h / 2, x + w / 2, y + h / 2],
@@ -223,3 +221,93 @@ def yolov3_detection_output(layer, params, bottoms, ctx):
     valid = scores > p.confidence_threshold
     top = select_and_suppress(boxes, scores, labels, valid, p.nms_threshold, bottoms[0].shape[0])
     return [top.astype(bottoms[0].dtype)]
+
+
+# -- Upsample (nearest) ---------------------------------------------------------------------
+
+
+def _nearest(layer: ir.Layer, x: jax.Array, axes: tuple[int, int]) -> jax.Array:
+    scale = layer.param.upsample_param.scale
+    if scale < 1:
+        raise fail(layer, f"upsample_param.scale must be at least 1, got {scale}")
+    return jnp.repeat(jnp.repeat(x, scale, axis=axes[0]), scale, axis=axes[1])
+
+
+@register("Upsample", form="nearest", counts=(1, 2, 1, 1))
+def upsample_nearest(layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """The YOLO ports' UpsampleLayer: nearest-neighbour by ``scale`` (module docstring)."""
+    (x,) = bottoms
+    if x.ndim != 4:
+        raise fail(layer, f"Upsample takes a 4-D bottom, got {tuple(x.shape)}")
+    return [_nearest(layer, x, (2, 3))]
+
+
+@upsample_nearest.nhwc
+def _(layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    return [_nearest(layer, bottoms[0], (1, 2))]
+
+
+# -- Mish -----------------------------------------------------------------------------------
+
+
+def softplus(x: jax.Array) -> jax.Array:
+    """darknet2caffe's thresholded softplus (threshold 20)."""
+    big, small = x > 20, x < -20
+    middle = jnp.where(big | small, jnp.zeros_like(x), x)
+    return jnp.where(
+        big, x, jnp.where(small, jnp.exp(jnp.minimum(x, 0)), jnp.log(jnp.exp(middle) + 1))
+    )
+
+
+@register("Mish", counts=(1, 1, 1, 1))
+def mish(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """MishLayer: ``x·tanh(softplus(x))``."""
+    (x,) = bottoms
+    return [x * jnp.tanh(softplus(x))]
+
+
+mish.nhwc(mish.fn)  # element by element
+
+
+# -- Pooling (darknet2caffe) ----------------------------------------------------------------
+
+
+def darknet_extra(spec: PoolSpec, hw: tuple[int, int], ceil: bool) -> PoolSpec:
+    """darknet2caffe's pooling_layer.cpp (form ``darknet2caffe``): one more output row AND
+    column when ``kernel_h − stride_h`` is odd (C++ ``%``: positive differences only), added
+    before Caffe's last-window clip; windows past the input are clipped as usual (yolov3-tiny's
+    2×2 stride-1 max pool keeps 13×13)."""
+    gap = spec.kernel[0] - spec.stride[0]
+    if gap <= 0 or gap % 2 != 1:
+        return spec
+    padded = any(spec.pad)
+    out = []
+    for n, k, s, p in zip(hw, spec.kernel, spec.stride, spec.pad):
+        span = n + 2 * p - k
+        size = (-(-span // s) if ceil else span // s) + 2
+        out.append(size - 1 if padded and (size - 1) * s >= n + p else size)
+    return PoolSpec(spec.method, spec.kernel, spec.stride, spec.pad, tuple(out))  # type: ignore[arg-type]
+
+
+def darknet_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
+    """Caffe's pooling geometry (:func:`~caffe2jax.lowering.layers.pooling.pooling_spec`) with
+    darknet2caffe's extra row and column."""
+    spec = pooling.pooling_spec(layer, shape)
+    ceil = layer.param.pooling_param.round_mode == caffe_pb2.PoolingParameter.CEIL
+    return darknet_extra(spec, (shape[2], shape[3]), ceil)
+
+
+@register("Pooling", form="darknet2caffe", counts=(1, 1, 1, 2), bf16=True)
+def darknet_pooling(layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """darknet2caffe's PoolingLayer: Caffe's with :func:`darknet_spec`'s geometry."""
+    return pooling.pool_layer(layer, bottoms, ctx, darknet_spec)
+
+
+@darknet_pooling.nhwc(when=pooling.max_or_ave)
+def _(layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    return pooling.pool_layer_nhwc(layer, bottoms, ctx, darknet_spec)
+
+
+@darknet_pooling.engine
+def _(layer, bottom_shapes, planning: Planning) -> str | None:
+    return pooling.pool_form(darknet_spec(layer, tuple(bottom_shapes[0])), planning)

@@ -29,7 +29,7 @@ def _ip_dims(layer: ir.Layer, shape: Shape) -> tuple[int, int, int]:
     return axis, count(shape, axis), p.num_output
 
 
-@register("InnerProduct", counts=(1, 1, 1, 1))
+@register("InnerProduct", counts=(1, 1, 1, 1), bf16=True)
 def inner_product(layer, params, bottoms, ctx):
     """y = x·Wᵀ + b over the axes from ``axis`` on; W is (N, K), or (K, N) with ``transpose``."""
     p = layer.param.inner_product_param
@@ -113,7 +113,7 @@ def _eltwise_max(bottoms: Sequence[jax.Array]) -> jax.Array:
     return jnp.take_along_axis(stack, winner[None], axis=0)[0]
 
 
-@register("Eltwise", counts=(2, None, 1, 1))
+@register("Eltwise", counts=(2, None, 1, 1), bf16=True)
 def eltwise(layer, params, bottoms, ctx):
     """SUM (Σ coeff_i·x_i), PROD (Π x_i) or MAX over bottoms of one shape.
 
@@ -253,7 +253,7 @@ def _operand_name(layer: ir.Layer, n_bottoms: int, what: str) -> str:
     return f"bottom '{layer.bottom_names[1]}'" if n_bottoms > 1 else what
 
 
-@register("Scale", counts=(1, 2, 1, 1))
+@register("Scale", counts=(1, 2, 1, 1), bf16=True)
 def scale(layer, params, bottoms, ctx):
     """y = x ⊙ s (+ b): s is bottom[1] or a learned blob spanning ``num_axes`` axes from
     ``axis``; ``bias_term`` adds a learned bias of the same span (Caffe's internal BiasLayer)."""
@@ -281,7 +281,7 @@ def _(layer, bottom_shapes):
     return decls
 
 
-@register("Bias", counts=(1, 2, 1, 1))
+@register("Bias", counts=(1, 2, 1, 1), bf16=True)
 def bias(layer, params, bottoms, ctx):
     """y = x + b: b is bottom[1] or a learned blob spanning ``num_axes`` axes from ``axis``."""
     p = layer.param.bias_param

@@ -1,15 +1,15 @@
-"""Data-type layers. Their tops are graph inputs (fed by the caller or the data pipeline),
+"""Caffe's data layers. Their tops are graph inputs (fed by the caller or the data pipeline),
 except DummyData, which Caffe fills in the net itself.
 
 Reproduces the top shapes of Caffe's InputLayer, MemoryDataLayer and DummyDataLayer; Data,
-ImageData, HDF5Data, WindowData and the forks' DenseImageData, ImageSegData, VideoData and
-AnnotatedData learn theirs from their source (the runtime's data pipeline reads one record, as
-Caffe's DataLayerSetUp does).
+ImageData, HDF5Data and WindowData learn theirs from their source (the runtime's data pipeline
+reads one record, as Caffe's DataLayerSetUp does). Each registers how it is fed and the runtime
+class that reads it (``feed=``, ``reader=``: lowering/registry.py ``DATA_LAYERS``, the one table
+the feeder and the readers dispatch on); the forks' data layers register theirs in their own
+modules (lowering/forks/).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -17,64 +17,12 @@ import jax.numpy as jnp
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
-from caffe2jax.lowering.util import fail
+
+#: The runtime's data package: readers are named ``DATA + "module:Class"``.
+DATA = "caffe2jax.runtime.data."
 
 
-@dataclass(frozen=True)
-class DataLayer:
-    """One of Caffe's data layer types as the whole pipeline sees it: the blob counts Caffe
-    checks, who fills its tops, and the runtime class that reads (or writes) its data.
-
-    ``feed``: ``"caller"`` (Input: the user's arrays), ``"memory"`` (MemoryData's arrays given
-    to ``set_input_arrays``), ``"pipeline"`` (read from files by ``caffe2jax.runtime.data``) or
-    ``"sink"`` (HDF5Output: written after each forward). ``reader`` names the runtime class as
-    ``"module:Class"`` (resolved by the runtime, as Caffe's layer_factory names a creator);
-    ``None`` where caffe2jax has no reader for the type yet.
-    """
-
-    counts: tuple[int, int | None, int, int | None]
-    feed: str
-    reader: str | None = None
-
-
-_DATA = "caffe2jax.runtime.data."
-
-# The one table of data layers: lowering registers them from it, the feeder and the source
-# and sink factories (caffe2jax.runtime.data) dispatch on it.
-DATA_LAYERS: dict[str, DataLayer] = {
-    "Input": DataLayer((0, 0, 1, None), "caller"),
-    "MemoryData": DataLayer((0, 0, 2, 2), "memory", _DATA + "feeding:MemoryData"),
-    "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "data_layer:DataLayerSource"),
-    "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "image_data:ImageDataSource"),
-    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
-    "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
-    "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
-    # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
-    "DenseImageData": DataLayer(
-        (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"
-    ),
-    "ImageSegData": DataLayer(
-        (0, 0, 2, 3), "pipeline", _DATA + "image_seg_data:ImageSegDataSource"
-    ),
-    # VideoData: C3D needs both tops (its reader checks), SSD's (refused) has one or two
-    "VideoData": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "video_data:VideoDataSource"),
-    # SSD's images with boxes: label (1, 1, G, 8), G fixed when the layer opens
-    "AnnotatedData": DataLayer(
-        (0, 0, 1, 2), "pipeline", _DATA + "annotated_data:AnnotatedDataSource"
-    ),
-    # caffe2jax's built-in py-faster-rcnn roi_data_layer.layer.RoIDataLayer (a Python layer
-    # in the prototxt; lowering/python_layer.py gives it this type when the user's module is
-    # not importable)
-    "RoIData": DataLayer((0, 0, 3, 3), "pipeline", _DATA + "roi_data:RoIDataSource"),
-}
-
-
-def data_layers(feed: str) -> tuple[str, ...]:
-    """The data layer types fed as ``feed`` says (see :class:`DataLayer`)."""
-    return tuple(name for name, kind in DATA_LAYERS.items() if kind.feed == feed)
-
-
-@register("Input", counts=DATA_LAYERS["Input"].counts, source=True)
+@register("Input", counts=(0, 0, 1, None), source=True, feed="caller")
 def input_layer(layer):
     """InputLayer: one ``shape`` for every top, or one per top."""
     shapes = [tuple(s.dim) for s in layer.param.input_param.shape]
@@ -89,45 +37,36 @@ def input_layer(layer):
     return shapes or [None] * n
 
 
-@register("MemoryData", counts=DATA_LAYERS["MemoryData"].counts, source=True)
+@register(
+    "MemoryData",
+    counts=(0, 0, 2, 2),
+    source=True,
+    feed="memory",
+    reader=DATA + "feeding:MemoryData",
+)
 def memory_data(layer):
     """MemoryDataLayer: data (batch_size, channels, height, width) and label (batch_size,)."""
     p = layer.param.memory_data_param
     return [(p.batch_size, p.channels, p.height, p.width), (p.batch_size,)]
 
 
-def _from_source(layer):
+def from_source(layer):
+    """A pipeline data layer's tops: shapes only its source can tell (the runtime reads one
+    record when the net opens, as Caffe's DataLayerSetUp does)."""
     return [None] * len(layer.tops)
 
 
-def _video_data(layer):
-    """C3D's VideoData (clips from frame folders, read by the pipeline); SSD's VideoData
-    (form ``ssd``: a webcam or a video file) is refused when the net is compiled."""
-    if layer.form == "ssd":
-        raise fail(
-            layer,
-            "SSD's VideoData reads a webcam or a video file (video_type, device_id, video_file), "
-            "which caffe2jax does not support; C3D's VideoData (clips listed in "
-            "video_data_param.source) is",
-        )
-    if len(layer.tops) != 2:
-        raise fail(layer, f"C3D's VideoData produces 2 tops (data, label), got {len(layer.tops)}")
-    return _from_source(layer)
-
-
-def _image_seg_data(layer):
-    """DeepLab's ImageSegData: v2 has an optional third top (data_dim), DeepLab v1 two tops."""
-    if layer.form == "deeplab-v1" and len(layer.tops) != 2:
-        raise fail(layer, f"DeepLab v1's IMAGE_SEG_DATA produces 2 tops, got {len(layer.tops)}")
-    return _from_source(layer)
-
-
-PIPELINE_TYPES = data_layers("pipeline")
-_SOURCES = {"VideoData": _video_data, "ImageSegData": _image_seg_data}
-
-for _type in PIPELINE_TYPES:
-    _fn = _SOURCES.get(_type, _from_source)
-    register(_type, counts=DATA_LAYERS[_type].counts, source=True)(_fn)
+#: BVLC's pipeline data layers: type -> (counts, reader)
+_PIPELINE = {
+    "Data": ((0, 0, 1, 2), "data_layer:DataLayerSource"),
+    "ImageData": ((0, 0, 2, 2), "image_data:ImageDataSource"),
+    "HDF5Data": ((0, 0, 1, None), "hdf5:HDF5DataSource"),
+    "WindowData": ((0, 0, 2, 2), "window_data:WindowDataSource"),
+}
+for _type, (_counts, _reader) in _PIPELINE.items():
+    register(_type, counts=_counts, source=True, feed="pipeline", reader=DATA + _reader)(
+        from_source
+    )
 
 
 def _dummy_shapes(layer) -> list[tuple[int, ...]]:
@@ -170,7 +109,7 @@ def dummy_data(layer, params, bottoms, ctx):
     return tops
 
 
-@register("HDF5Output", counts=DATA_LAYERS["HDF5Output"].counts)
+@register("HDF5Output", counts=(2, 2, 0, 0), feed="sink", reader=DATA + "hdf5:HDF5OutputSink")
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
     bottoms to the layer's file after each forward (caffe2jax.runtime.data.feeding.Sinks)."""

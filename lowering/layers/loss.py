@@ -26,7 +26,6 @@ from google.protobuf.message import DecodeError
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.fork_loss import segnet_softmax_loss
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import canonical_axis, count, fail
 
@@ -37,7 +36,7 @@ _LOG_THRESHOLD = 1e-20  # Caffe's kLOG_THRESHOLD (InfogainLoss, MultinomialLogis
 # -- shared helpers -----------------------------------------------------------------------
 
 
-def _check_first_dim(layer: ir.Layer, a: jax.Array, b: jax.Array) -> None:
+def check_first_dim(layer: ir.Layer, a: jax.Array, b: jax.Array) -> None:
     """LossLayer::Reshape: the data and label share their first dimension."""
     if a.ndim == 0 or b.ndim == 0 or a.shape[0] != b.shape[0]:
         raise fail(
@@ -119,10 +118,8 @@ def softmax_with_loss(layer, params, bottoms, ctx):
     only the loss top's diff, so the prob top carries no gradient (stop_gradient).
     """
     x, label = bottoms
-    _check_first_dim(layer, x, label)
+    check_first_dim(layer, x, label)
     axis = canonical_axis(layer, layer.param.softmax_param.axis, x.ndim)
-    if layer.form == "segnet":  # SegNet / ENet: class weighting, `normalize` default true
-        return segnet_softmax_loss(layer, x, label, axis)
     z, lab = _class_view(layer, x, label, axis)
     picked = _pick(jax.nn.log_softmax(z, axis=1), lab)
     # The value is Caffe's clamped −log(max(p, FLT_MIN)); the gradient stays p − onehot, as
@@ -147,7 +144,7 @@ def sigmoid_cross_entropy_loss(layer, params, bottoms, ctx):
     Default normalisation BATCH_SIZE (outer = shape(0)); gradient σ(x) − t.
     """
     x, target = bottoms
-    _check_first_dim(layer, x, target)
+    check_first_dim(layer, x, target)
     if x.size != target.size:
         raise fail(
             layer,
@@ -169,7 +166,7 @@ def sigmoid_cross_entropy_loss(layer, params, bottoms, ctx):
 def euclidean_loss(layer, params, bottoms, ctx):
     """Σ(a − b)² / N / 2, N = shape(0); both bottoms get a gradient (and may be forced)."""
     a, b = bottoms
-    _check_first_dim(layer, a, b)
+    check_first_dim(layer, a, b)
     if count(a.shape, 1) != count(b.shape, 1):
         raise fail(
             layer,
@@ -190,7 +187,7 @@ def hinge_loss(layer, params, bottoms, ctx):
     The hinge has gradient 0 where 1 − δ·x is exactly 0, as Caffe's sign().
     """
     x, label = bottoms
-    _check_first_dim(layer, x, label)
+    check_first_dim(layer, x, label)
     num, dim = x.shape[0], count(x.shape, 1)
     scores = x.reshape(num, dim)
     lab = lax.stop_gradient(label).reshape(-1)[:num].astype(jnp.int32)
@@ -251,7 +248,7 @@ def contrastive_loss(layer, params, bottoms, ctx):
     ``legacy_version`` uses max(margin − d², 0) for dissimilar pairs.
     """
     a, b, sim = bottoms
-    _check_first_dim(layer, a, b)
+    check_first_dim(layer, a, b)
     _check_contrastive(layer, a, b, sim)
     p = layer.param.contrastive_loss_param
     n = a.shape[0]
@@ -314,7 +311,7 @@ def infogain_loss(layer, params, bottoms, ctx):
     if layer.param.loss_param.HasField("normalize"):
         raise fail(layer, 'normalize is deprecated. use "normalization"')
     x, label = bottoms[:2]
-    _check_first_dim(layer, x, label)
+    check_first_dim(layer, x, label)
     axis = canonical_axis(layer, layer.param.infogain_loss_param.axis, x.ndim)
     z, lab = _class_view(layer, x, label, axis)
     classes = z.shape[1]
@@ -342,7 +339,7 @@ def multinomial_logistic_loss(layer, params, bottoms, ctx):
     Caffe's gradient −1/max(p, 1e-20) at the label is kept below the clamp too.
     """
     x, label = bottoms
-    _check_first_dim(layer, x, label)
+    check_first_dim(layer, x, label)
     if any(d != 1 for d in label.shape[1:]):
         raise fail(
             layer, f"label '{layer.bottom_names[1]}' {list(label.shape)} must be (N, 1, 1, 1)"

@@ -23,7 +23,7 @@ from caffe2jax.lowering.util import fail
 Arrays = Sequence[jax.Array]
 
 
-@register("ReLU", counts=(1, 1, 1, 1))
+@register("ReLU", counts=(1, 1, 1, 1), bf16=True)
 def relu(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ReLULayer: ``y = x`` for ``x > 0``, else ``negative_slope·x``.
 
@@ -202,25 +202,29 @@ def swish(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> lis
     return [x * jax.nn.sigmoid(x * beta if beta != 1 else x)]
 
 
-@register("Dropout", counts=(1, 1, 1, 1))
+def dropout_ratio(layer: ir.Layer) -> float:
+    """``dropout_param.dropout_ratio``, refused outside [0, 1) (1 would scale by infinity)."""
+    ratio = layer.param.dropout_param.dropout_ratio
+    if not 0 <= ratio < 1:
+        raise fail(layer, f"dropout_ratio must be in [0, 1), got {ratio}")
+    return ratio
+
+
+def dropped(x: jax.Array, ratio: float, ctx: Context, scale: bool = True) -> jax.Array:
+    """``x`` with each element kept with probability ``1 − ratio`` (a Bernoulli mask from the
+    layer's key) and, when ``scale``, the kept ones scaled by ``1/(1 − ratio)``."""
+    keep = jax.random.bernoulli(ctx.key(), 1.0 - ratio, x.shape)
+    return jnp.where(keep, x * (1.0 / (1.0 - ratio)) if scale else x, jnp.zeros_like(x))
+
+
+@register("Dropout", counts=(1, 1, 1, 1), bf16=True)
 def dropout(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """DropoutLayer: in TRAIN each element is kept with probability ``1 − dropout_ratio``
     (a Bernoulli mask from this layer's key) and scaled by ``1/(1 − dropout_ratio)``; the
-    backward applies the same mask and scale. TEST is the identity.
-
-    The forks' forms (``layer.form``, frontend/forks/forms.py): ``scale_train`` (Faster R-CNN) with
-    ``scale_train: false`` keeps the mask unscaled in TRAIN and multiplies by
-    ``1 − dropout_ratio`` in TEST; ``sample_test`` (SegNet/ENet) with ``sample_weights_test:
-    true`` drops in TEST as in TRAIN (Bayesian SegNet's sampling). Ratios outside [0, 1) are
-    refused (1 would scale by infinity).
+    backward applies the same mask and scale. TEST is the identity. Ratios outside [0, 1) are
+    refused (1 would scale by infinity). (Faster R-CNN's and SegNet's forms of it:
+    lowering/forks/rcnn.py, lowering/forks/segnet.py.)
     """
     (x,) = bottoms
-    p = layer.param.dropout_param
-    ratio = p.dropout_ratio
-    if not 0 <= ratio < 1:
-        raise fail(layer, f"dropout_ratio must be in [0, 1), got {ratio}")
-    unscaled = layer.form == "scale_train" and not p.scale_train
-    if not (ctx.train or (layer.form == "sample_test" and p.sample_weights_test)):
-        return [x * (1.0 - ratio) if unscaled else x]
-    keep = jax.random.bernoulli(ctx.key(), 1.0 - ratio, x.shape)
-    return [jnp.where(keep, x if unscaled else x * (1.0 / (1.0 - ratio)), jnp.zeros_like(x))]
+    ratio = dropout_ratio(layer)
+    return [dropped(x, ratio, ctx) if ctx.train else x]

@@ -20,6 +20,7 @@ Reproduced from Caffe (pooling_layer.cpp/.cu, spp_layer.cpp):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -122,27 +123,7 @@ def pooling_spec(layer: ir.Layer, shape: tuple[int, ...]) -> PoolSpec:
     stride = _pair(layer, p, "stride", p.stride)
     if p.global_pooling and (any(pad) or stride != (1, 1)):
         raise fail(layer, "with global_pooling only pad = 0 and stride = 1 are allowed")
-    spec = make_spec(layer, p.pool, hw, kernel, stride, pad, p.round_mode == P.CEIL)
-    if layer.form != "darknet2caffe":
-        return spec
-    return darknet_extra(spec, hw, p.round_mode == P.CEIL)
-
-
-def darknet_extra(spec: PoolSpec, hw: tuple[int, int], ceil: bool) -> PoolSpec:
-    """darknet2caffe's pooling_layer.cpp (form ``darknet2caffe``): one more output row AND
-    column when ``kernel_h − stride_h`` is odd (C++ ``%``: positive differences only), added
-    before Caffe's last-window clip; windows past the input are clipped as usual (yolov3-tiny's
-    2×2 stride-1 max pool keeps 13×13)."""
-    gap = spec.kernel[0] - spec.stride[0]
-    if gap <= 0 or gap % 2 != 1:
-        return spec
-    padded = any(spec.pad)
-    out = []
-    for n, k, s, p in zip(hw, spec.kernel, spec.stride, spec.pad):
-        span = n + 2 * p - k
-        size = (-(-span // s) if ceil else span // s) + 2
-        out.append(size - 1 if padded and (size - 1) * s >= n + p else size)
-    return PoolSpec(spec.method, spec.kernel, spec.stride, spec.pad, tuple(out))  # type: ignore[arg-type]
+    return make_spec(layer, p.pool, hw, kernel, stride, pad, p.round_mode == P.CEIL)
 
 
 # -- the computations -------------------------------------------------------------------------
@@ -256,29 +237,43 @@ def pool_form(spec: PoolSpec, planning: Planning) -> str | None:
 # -- the layers -------------------------------------------------------------------------------
 
 
-@register("Pooling", counts=(1, 1, 1, 2))
-def pooling(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
-    """PoolingLayer: one top, or for MAX a second top with the argmax mask."""
+SpecFn = Callable[[ir.Layer, tuple[int, ...]], PoolSpec]
+
+
+def pool_layer(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> list[jax.Array]:
+    """PoolingLayer's forward with the geometry ``spec_of(layer, bottom shape)`` gives: one
+    top, or for MAX a second top with the argmax mask."""
     (x,) = bottoms
-    spec = pooling_spec(layer, tuple(x.shape))
+    spec = spec_of(layer, tuple(x.shape))
     if len(layer.tops) == 2 and spec.method != MAX:
         raise fail(layer, f"{_NAMES[spec.method]} pooling has 1 top, got 2")
     y = pool(x, spec, ctx.train, ctx, ctx.engine)
     return [y, max_mask(x, spec)] if len(layer.tops) == 2 else [y]
 
 
-def _max_or_ave(layer: ir.Layer, shapes) -> bool:
+def pool_layer_nhwc(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> list[jax.Array]:
+    """MAX or AVE pooling of a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
+    (x,) = bottoms
+    spec = spec_of(layer, nchw(x.shape))
+    form = max_pool if spec.method == MAX else ave_pool
+    return [form(x, spec, nhwc=True, form=ctx.engine or "xla")]
+
+
+def max_or_ave(layer: ir.Layer, shapes) -> bool:
+    """Whether a Pooling layer has a channels-last form: MAX or AVE with one top."""
     p = layer.param.pooling_param
     return len(layer.tops) == 1 and p.pool in (MAX, AVE)
 
 
-@pooling.nhwc(when=_max_or_ave)
+@register("Pooling", counts=(1, 1, 1, 2), bf16=True)
+def pooling(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
+    """PoolingLayer: one top, or for MAX a second top with the argmax mask."""
+    return pool_layer(layer, bottoms, ctx, pooling_spec)
+
+
+@pooling.nhwc(when=max_or_ave)
 def _(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
-    """MAX or AVE pooling of a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
-    (x,) = bottoms
-    spec = pooling_spec(layer, nchw(x.shape))
-    form = max_pool if spec.method == MAX else ave_pool
-    return [form(x, spec, nhwc=True, form=ctx.engine or "xla")]
+    return pool_layer_nhwc(layer, bottoms, ctx, pooling_spec)
 
 
 @pooling.engine

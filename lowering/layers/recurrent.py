@@ -1,5 +1,5 @@
-"""Recurrent layers: RNN, LSTM (Caffe's RecurrentLayer, as one lax.scan over time), LSTMUnit
-and CRNN's ContinuationIndicator (the ``cont`` sequence indicators: 0 at t = 0, then 1).
+"""Recurrent layers: RNN, LSTM (Caffe's RecurrentLayer, as one lax.scan over time) and
+LSTMUnit. (CRNN's ContinuationIndicator, which makes their ``cont`` input: lowering/forks/crnn.py.)
 
 Caffe unrolls a RecurrentLayer into an inner net over its T timesteps; here one ``lax.scan``
 runs the same step. What is reproduced, from Caffe's RecurrentLayer/RNNLayer/LSTMLayer and
@@ -277,16 +277,3 @@ def lstm_unit(layer, params, bottoms, ctx):
     cont = lax.stop_gradient(cont).astype(c_prev.dtype)
     c, h = _lstm_unit(c_prev[0], x[0], cont[0])
     return [c[None], h[None]]
-
-
-@register("ContinuationIndicator", counts=(0, 0, 1, 1))
-def continuation_indicator(layer, params, bottoms, ctx):
-    """CRNN's ContinuationIndicatorLayer: the ``cont`` input of a recurrent layer over
-    ``time_step`` steps of ``batch_size`` sequences, (T, N) of 0 at t = 0 and 1 after (each
-    batch is one set of new sequences). It has no bottoms and computes no gradient."""
-    p = layer.param.continuation_indicator_param
-    if p.time_step <= 0 or p.batch_size <= 0:
-        raise fail(layer, f"time_step ({p.time_step}) and batch_size ({p.batch_size}) must "
-                          "both be positive")  # fmt: skip
-    steps = jnp.arange(p.time_step)[:, None] > 0
-    return [jnp.broadcast_to(steps, (p.time_step, p.batch_size)).astype(ctx.dtype)]

@@ -45,7 +45,7 @@ def _legacy_axis(layer: ir.Layer, p, legacy: str, ndim: int) -> int:
     return canonical_axis(layer, p.axis, ndim)
 
 
-@register("Concat", counts=(1, None, 1, 1))
+@register("Concat", counts=(1, None, 1, 1), bf16=True)
 def concat(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ConcatLayer: join the bottoms along ``axis`` (default 1; legacy ``concat_dim``).
 
@@ -102,7 +102,7 @@ def _slice_sizes(layer: ir.Layer, x: jax.Array, axis: int) -> list[int]:
     return sizes
 
 
-@register("Slice", counts=(1, 1, 1, None))
+@register("Slice", counts=(1, 1, 1, None), bf16=True)
 def slice_layer(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """SliceLayer: cut the bottom along ``axis`` (default 1; legacy ``slice_dim``) at the
     ``slice_point`` list (one fewer than the tops), or into equal parts when none is given."""
@@ -123,7 +123,7 @@ def split(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> lis
     return [bottoms[0]] * len(layer.tops)
 
 
-@register("Flatten", counts=(1, 1, 1, 1))
+@register("Flatten", counts=(1, 1, 1, 1), bf16=True)
 def flatten(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """FlattenLayer: merge axes ``axis`` … ``end_axis`` (defaults 1 and −1) into one."""
     _refuse_in_place(layer)
@@ -179,7 +179,7 @@ def reshape_shape(layer: ir.Layer, shape: Shape) -> Shape:
     return tuple(top)
 
 
-@register("Reshape", counts=(1, 1, 1, 1))
+@register("Reshape", counts=(1, 1, 1, 1), bf16=True)
 def reshape(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ReshapeLayer: the same data under a new shape (see :func:`reshape_shape`)."""
     _refuse_in_place(layer)

@@ -188,7 +188,7 @@ def _convolve(layer: ir.Layer, params, bottoms, ctx: Context, channels_last: boo
     return [_add_bias(layer, _batched(x, axis, conv), params, axis) for x in bottoms]
 
 
-@register("Convolution", counts=(1, None, 1, None), equal_bottom_top=True)
+@register("Convolution", counts=(1, None, 1, None), equal_bottom_top=True, bf16=True)
 def convolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """ConvolutionLayer: grouped, strided, padded, dilated N-D convolution plus bias."""
     return _convolve(layer, params, bottoms, ctx, channels_last=False)
@@ -232,7 +232,7 @@ def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:
     return jnp.flip(w, axis=tuple(range(2, w.ndim)))
 
 
-@register("Deconvolution", counts=(1, None, 1, None), equal_bottom_top=True)
+@register("Deconvolution", counts=(1, None, 1, None), equal_bottom_top=True, bf16=True)
 def deconvolution(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """DeconvolutionLayer: the transpose of convolution (Caffe runs conv's backward-data)."""
     geometry = conv_geometry(layer, tuple(bottoms[0].shape))
@@ -335,7 +335,7 @@ def lrn_values(p, x: jax.Array, nhwc: bool = False) -> jax.Array:
     return x * jnp.exp(jnp.log(scale) * jnp.asarray(-p.beta, x.dtype))
 
 
-@register("Crop", counts=(2, 2, 1, 1))
+@register("Crop", counts=(2, 2, 1, 1), bf16=True)
 def crop(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
     """CropLayer: bottom[0] cut to bottom[1]'s shape from ``axis`` on, at ``offset``."""
     x, ref = bottoms

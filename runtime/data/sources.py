@@ -28,7 +28,7 @@ from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.layers.data import DATA_LAYERS, data_layers
+from caffe2jax.lowering.registry import DATA_LAYERS, data_layers
 from caffe2jax.runtime.data.base import (
     DataSource,
     ItemSource,

@@ -1,10 +1,12 @@
 """lowering/forks/mobile.py: ShuffleChannel and ConvolutionDepthwise against OpenCV dnn,
 DepthwiseConvolution and Axpy (OpenCV 4.14 has neither) against Convolution with group = C and
-the formula, channels-last forms, and float64 finite differences."""
+the formula, ReLU6 against OpenCV dnn and at its kinks, channels-last forms, and float64 finite
+differences."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -134,3 +136,43 @@ def test_axpy_follows_senet_where_opencv_swaps_x_and_y():
     feed = {"s": a * np.ones_like(x), "x": x, "y": y}
     assert max_rel(ours(text, feed)["o"], a * x + y) < 1e-6
     assert max_rel(opencv(text, feed, ["o"])["o"][0], a * y + x) < 1e-6
+
+
+NEURON_RNG = np.random.default_rng(0)
+
+
+NEURON_X = (NEURON_RNG.standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
+
+
+def _neuron(type_and_param: str, shape=NEURON_X.shape) -> str:
+    return net(f'layer {{ name: "y" type: {type_and_param} bottom: "x" top: "y" }}', {"x": shape})
+
+
+def _input_grad(text: str, x, phase: str = "TEST", rng=None) -> np.ndarray:
+    model = compile_net(text, phase=phase)
+    p, s = model.init(0)
+
+    def f(x):
+        return jnp.sum(model.apply(p, s, {"x": x}, rng)[0]["y"])
+
+    return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)))
+
+
+def test_relu6_matches_opencv():
+    kind = '"ReLU6"'
+    x = np.concatenate([NEURON_X, NEURON_X * 5], axis=0)  # |x| up to ~100: both softplus thresholds
+    text = _neuron(kind, x.shape)
+    assert max_rel(ours(text, {"x": x})["y"], opencv(text, {"x": x}, ["y"])["y"][0]) < 1e-4
+
+
+def test_relu6_values_and_kinks():
+    x = np.array([-2.0, 0.0, 3.0, 6.0, 7.0], np.float32)
+    text = _neuron('"ReLU6" relu6_param { negative_slope: 0.1 }', x.shape)
+    np.testing.assert_allclose(ours(text, {"x": x})["y"], [-0.2, 0, 3, 6, 6], rtol=1e-6)
+    np.testing.assert_allclose(_input_grad(text, x), [0.1, 0.1, 1, 0, 0], rtol=1e-6)
+    fd_check(_neuron('"ReLU6"', (7,)), {"x": np.array([-3, -1, 0.5, 2, 5.5, 6.5, 9.0])}, "y")
+
+
+def test_relu6_channels_last():
+    kind = '"ReLU6"'
+    channels_last_agrees(f'layer {{ name: "y" type: {kind} bottom: "c" top: "y" }}', NEURON_X.shape)

@@ -1,6 +1,6 @@
-"""caffe-fast-rcnn's SmoothL1Loss (lowering/forks/rcnn.py): loss and gradient against
-hand-computed values for sigma 3 (the RPN's) and 1 (the RCNN head's), with and without the
-inside/outside weights."""
+"""caffe-fast-rcnn's SmoothL1Loss and Dropout forms (lowering/forks/rcnn.py): loss and gradient
+against hand-computed values for sigma 3 (the RPN's) and 1 (the RCNN head's), with and without
+the inside/outside weights; Dropout with scale_train false and true."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.forks.rcnn import smooth_l1_rcnn
+from tests.lowering.fork_nets import net, ours
 
 
 def _layer(sigma=None):
@@ -69,3 +70,27 @@ def test_bad_bottoms():
         smooth_l1_rcnn(_layer(), [], [jnp.asarray(PRED)] * 3, None)
     with pytest.raises(NetError, match="bottom 1 has shape"):
         smooth_l1_rcnn(_layer(), [], [jnp.asarray(PRED), jnp.zeros((2, 2))], None)
+
+
+RNG = np.random.default_rng(0)
+
+
+X = (RNG.standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
+
+
+def _one(type_and_param: str, shape=X.shape) -> str:
+    return net(f'layer {{ name: "y" type: {type_and_param} bottom: "x" top: "y" }}', {"x": shape})
+
+
+DROPOUT = '"Dropout" dropout_param { dropout_ratio: 0.25 %s }'
+
+
+def test_dropout_scale_train_false():
+    """Faster R-CNN: no 1/(1 − p) in TRAIN; x·(1 − p) in TEST."""
+    text = _one(DROPOUT % "scale_train: false")
+    np.testing.assert_allclose(ours(text, {"x": X})["y"], X * 0.75, rtol=1e-6)
+    y = ours(text, {"x": X}, phase="TRAIN")["y"]
+    assert np.all((y == 0) | (y == X)) and np.any(y == 0)
+    kept = ours(_one(DROPOUT % "scale_train: true"), {"x": X}, phase="TRAIN")["y"]
+    assert np.all((kept == 0) | np.isclose(kept, X / 0.75))
+    np.testing.assert_array_equal(ours(_one(DROPOUT % "scale_train: true"), {"x": X})["y"], X)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.boxes.coders import bbox_overlaps
+from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.forks import rcnn_targets as rpn_targets
 from caffe2jax.lowering.forks.rcnn_proposal import generate_anchors
 from tests.lowering.nets import one_layer
@@ -100,7 +100,7 @@ def test_overlaps_match_bbox_pyx():
     b[:, 2:] += b[:, :2]
     q = rng.uniform(0, 60, (5, 4))
     q[:, 2:] += q[:, :2]
-    ours = np.asarray(bbox_overlaps(jnp.asarray(b, jnp.float32), jnp.asarray(q, jnp.float32)))
+    ours = np.asarray(iou(jnp.asarray(b, jnp.float32), jnp.asarray(q, jnp.float32), RCNN))
     np.testing.assert_allclose(ours, _np_overlaps(b, q), atol=1e-6)
 
 
@@ -147,8 +147,8 @@ def test_anchor_target_sampled_counts():
     model = _anchor_net(h, w, 2)
     a, b = _run(model, inputs, 1)["labels"], _run(model, inputs, 2)["labels"]
     full = np.asarray(rpn_targets.anchor_labels(
-        bbox_overlaps(jnp.asarray(rpn_targets.shifted_anchors(h, w, 16, generate_anchors(
-            scales=(1, 2))), jnp.float32), jnp.asarray(gt[:, :4], jnp.float32)),
+        iou(jnp.asarray(rpn_targets.shifted_anchors(h, w, 16, generate_anchors(
+            scales=(1, 2))), jnp.float32), jnp.asarray(gt[:, :4], jnp.float32), RCNN),
         jnp.ones(h * w * 6, bool), jnp.ones(2, bool), jax.random.key(0),
         dict(rpn_targets.ANCHOR_CFG, RPN_BATCHSIZE=10**9)))  # fmt: skip
     assert (full == 1).sum() > 128 or (full == 0).sum() > 256

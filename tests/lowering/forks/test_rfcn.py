@@ -5,17 +5,16 @@ forks' prototxts get."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from tests.forks import FORK_MODELS
 from tests.lowering.forks.test_rcnn_targets import _np_overlaps, _np_transform
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "forks" / "models"
+MODELS = FORK_MODELS
 STDS = np.array([0.1, 0.1, 0.2, 0.2])
 
 

@@ -1,14 +1,19 @@
-"""SSD's Normalize, Permute and PriorBox (lowering/forks/ssd.py): OpenCV dnn parity with the
-same weights, hand-worked priors where the fork and OpenCV differ, float64 finite-difference
-gradients."""
+"""SSD's Normalize, Permute, PriorBox and SmoothL1Loss (lowering/forks/ssd.py): OpenCV dnn parity
+with the same weights, hand-worked priors where the fork and OpenCV differ, float64
+finite-difference gradients, and SmoothL1Loss's value and fork backward (f'(d)/N without the
+weight factor)."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.model import compile as compile_net
+from tests.lowering.fork_nets import net
 from tests.lowering.opencv_parity import both, check_fd, input_layer, rel_to_max
 
 RNG = np.random.default_rng(0)
@@ -167,3 +172,54 @@ def test_priorbox_refuses_bad_sizes():
     ):
         with pytest.raises(NetError, match=why):
             caffe2jax.compile(base.replace("PARAMS", params))
+
+
+L1_RNG = np.random.default_rng(3)
+
+
+PRED = (L1_RNG.standard_normal((3, 8)) * 1.5).astype(np.float32)
+
+
+TARGET = L1_RNG.standard_normal((3, 8)).astype(np.float32)
+
+
+WEIGHTS = L1_RNG.uniform(0, 2, (3, 8)).astype(np.float32)
+
+
+def _l1_run(names):
+    bottoms = " ".join(f'bottom: "{n}"' for n in names)
+    # an SSD-only layer beside it: with two bottoms the net's dialect decides the form
+    text = net(f'layer {{ name: "l1" type: "SmoothL1Loss" {bottoms} top: "loss" }}\n'
+               'layer { name: "n" type: "Normalize" bottom: "x" top: "xn" }',
+               {**{n: PRED.shape for n in names}, "x": (1, 2, 2, 2)})  # fmt: skip
+    model = compile_net(text, phase="TRAIN")
+    assert [la.form for la in model.net.layers if la.name == "l1"] == ["ssd"]
+    params, state = model.init(0)
+    feed = {"pred": PRED, "target": TARGET, "w": WEIGHTS}
+    feed = {n: jnp.asarray(feed[n]) for n in names}
+    ones = jnp.ones((1, 2, 2, 2))
+
+    def f(x):
+        return model.apply(params, state, {**x, "x": ones}, jax.random.key(0))[0]["loss"]
+
+    value, vjp = jax.vjp(f, feed)
+    return float(value), {k: np.asarray(v) for k, v in vjp(jnp.float32(2.0))[0].items()}
+
+
+def _l1_fork(weighted: bool):
+    d = (PRED.astype(np.float64) - TARGET) * (WEIGHTS if weighted else 1.0)
+    f = np.where(np.abs(d) < 1, 0.5 * d * d, np.abs(d) - 0.5)
+    df = np.where(np.abs(d) < 1, d, np.sign(d))
+    return f.sum() / 3, 2.0 * df / 3  # top diff 2, N = 3, no weight factor
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_ssd_smooth_l1_value_and_fork_backward(weighted):
+    names = ["pred", "target", "w"] if weighted else ["pred", "target"]
+    value, grads = _l1_run(names)
+    loss, diff = _l1_fork(weighted)
+    np.testing.assert_allclose(value, loss, rtol=1e-6)
+    np.testing.assert_allclose(grads["pred"], diff, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads["target"], -diff, rtol=1e-5, atol=1e-7)
+    if weighted:
+        assert not np.any(grads["w"])

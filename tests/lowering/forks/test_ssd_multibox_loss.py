@@ -1,5 +1,5 @@
 """lowering/forks/ssd_multibox_loss.py (SSD's MultiBoxLoss), lowering/boxes/matching.py and SSD's
-SmoothL1Loss (lowering/smooth_l1_ssd.py): hand-worked matching and mining cases from the fork's
+SmoothL1Loss (lowering/forks/ssd.py): hand-worked matching and mining cases from the fork's
 rules, and loss and gradient against a loop-by-loop NumPy transcription of the fork
 (tests/lowering/multibox_oracle.py) over every option the loss reads."""
 

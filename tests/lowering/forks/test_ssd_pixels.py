@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.forks.ssd_pixels import jaccard_pixels, name_sizes, output_bbox
+from caffe2jax.lowering.boxes.iou import SSD_PIXELS, iou
+from caffe2jax.lowering.forks.ssd_pixels import name_sizes, output_bbox
 from caffe2jax.lowering.model import compile as compile_net
 from tests.lowering.fork_nets import net
 
@@ -54,7 +55,7 @@ def test_pixel_iou_with_plus_one_sizes_decides_the_match(tmp_path):
     b, sb = output_bbox(jnp.asarray([GT]), jnp.asarray([[100.0, 200.0]]), None)
     np.testing.assert_allclose(a, [[20, 10, 100, 50]], rtol=1e-6)
     np.testing.assert_allclose([sa[0], sb[0]], [3321, 2911])
-    np.testing.assert_allclose(jaccard_pixels(a, sa, b, sb), [[PIXEL_IOU]], rtol=1e-6)
+    np.testing.assert_allclose(iou(a, b, SSD_PIXELS, sizes=(sa, sb)), [[PIXEL_IOU]], rtol=1e-6)
 
 
 def test_disjoint_boxes_overlap_one_pixel_as_the_fork_computes():
@@ -63,7 +64,7 @@ def test_disjoint_boxes_overlap_one_pixel_as_the_fork_computes():
     a = jnp.asarray([[0.0, 0.0, 10.0, 10.0]])
     b = jnp.asarray([[50.0, 50.0, 60.0, 60.0]])
     size = jnp.asarray([121.0])
-    np.testing.assert_allclose(jaccard_pixels(a, size, b, size), [[1 / 241]], rtol=1e-6)
+    np.testing.assert_allclose(iou(a, b, SSD_PIXELS, sizes=(size, size)), [[1 / 241]], rtol=1e-6)
 
 
 def test_image_counter_carries_across_forwards_and_wraps(tmp_path):

@@ -1,6 +1,8 @@
-"""eric612's Reorg, YoloDetectionOutput and Yolov3DetectionOutput (lowering/forks/yolo.py): OpenCV
-dnn's Reorg, loop-by-loop numpy transcriptions of the fork's C++ for the detection outputs
-(OpenCV has neither), hand-worked decodes, NMS at exactly the threshold, no-detection rows."""
+"""The YOLO ports' layers (lowering/forks/yolo.py): eric612's Reorg against OpenCV dnn's,
+loop-by-loop numpy transcriptions of the fork's C++ for YoloDetectionOutput and
+Yolov3DetectionOutput (OpenCV has neither), hand-worked decodes, NMS at exactly the threshold,
+no-detection rows; the nearest-neighbour Upsample by hand; darknet2caffe's Mish against OpenCV
+dnn and its formula."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 from tests.lowering.opencv_parity import both, input_layer
 
 # -- Reorg ----------------------------------------------------------------------------------
@@ -237,3 +240,51 @@ def test_no_detection_rows_and_refusals():
     assert (out[1:] == -1).all()
     with pytest.raises(NetError, match="mask_group_num"):
         caffe2jax.compile(_v3_text([(1, 27, 2, 2)], 4, 0.3))
+
+
+RNG = np.random.default_rng(0)
+
+
+X = (RNG.standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
+
+
+def _one(type_and_param: str, shape=X.shape) -> str:
+    return net(f'layer {{ name: "y" type: {type_and_param} bottom: "x" top: "y" }}', {"x": shape})
+
+
+def test_mish_matches_opencv():
+    kind = '"Mish"'
+    x = np.concatenate([X, X * 5], axis=0)  # |x| up to ~100: both softplus thresholds
+    text = _one(kind, x.shape)
+    assert max_rel(ours(text, {"x": x})["y"], opencv(text, {"x": x}, ["y"])["y"][0]) < 1e-4
+
+
+def test_mish_formula_and_gradient():
+    x = np.array([-30.0, -5.0, 0.0, 1.0, 25.0])
+    text = _one('"Mish"', x.shape)
+    softplus = np.where(x > 20, x, np.where(x < -20, np.exp(x), np.log1p(np.exp(x))))
+    np.testing.assert_allclose(ours(text, {"x": x})["y"], x * np.tanh(softplus), rtol=1e-6)
+    fd_check(text, {"x": np.array([-25.0, -3.0, -0.3, 2.0, 22.0])}, "y")
+
+
+def test_mish_channels_last():
+    kind = '"Mish"'
+    channels_last_agrees(f'layer {{ name: "y" type: {kind} bottom: "c" top: "y" }}', X.shape)
+
+
+def _upsample_one(type_and_param: str, shape, name: str = "y") -> str:
+    return net(f'layer {{ name: "{name}" type: {type_and_param} bottom: "x" top: "{name}" }}',
+               {"x": shape})  # fmt: skip
+
+
+def test_nearest_upsample_by_hand_and_gradient():
+    text = _upsample_one('"Upsample" upsample_param { scale: 2 }', (1, 1, 2, 2))
+    y = ours(text, {"x": np.array([[[[1, 2], [3, 4]]]])})["y"][0, 0]
+    np.testing.assert_array_equal(y, [[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]])
+    fd_check(_upsample_one('"Upsample" upsample_param { scale: 3 }', (1, 2, 2, 3)),
+             {"x": np.random.default_rng(1).standard_normal((1, 2, 2, 3))}, "y")  # fmt: skip
+
+
+def test_nearest_upsample_channels_last():
+    text = 'layer { name: "y" type: "Upsample" bottom: "c" top: "y" upsample_param { scale: 2 } }'
+    channels_last_agrees(text, (2, 3, 4, 5))

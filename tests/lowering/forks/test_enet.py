@@ -1,6 +1,5 @@
-"""lowering/fork_neuron.py (ReLU6, Mish, ENet's SpatialDropout) and the forks' Dropout forms
-(lowering/layers/neuron.py): OpenCV dnn parity for ReLU6 and Mish, the forks' backward rules, and
-float64 finite differences."""
+"""lowering/forks/enet.py: ENet's SpatialDropout Python layer as a built-in — the fork's TEST
+scaling, whole-channel drops, its backward's last-sample mask, and a user's own module winning."""
 
 from __future__ import annotations
 
@@ -14,9 +13,11 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
+from tests.lowering.fork_nets import fd_check, net, ours
 
 RNG = np.random.default_rng(0)
+
+
 X = (RNG.standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
 
 
@@ -32,29 +33,6 @@ def _grad(text: str, x, phase: str = "TEST", rng=None) -> np.ndarray:
         return jnp.sum(model.apply(p, s, {"x": x}, rng)[0]["y"])
 
     return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)))
-
-
-@pytest.mark.parametrize("kind", ['"ReLU6"', '"Mish"'])
-def test_matches_opencv(kind):
-    x = np.concatenate([X, X * 5], axis=0)  # |x| up to ~100: both softplus thresholds
-    text = _one(kind, x.shape)
-    assert max_rel(ours(text, {"x": x})["y"], opencv(text, {"x": x}, ["y"])["y"][0]) < 1e-4
-
-
-def test_relu6_values_and_kinks():
-    x = np.array([-2.0, 0.0, 3.0, 6.0, 7.0], np.float32)
-    text = _one('"ReLU6" relu6_param { negative_slope: 0.1 }', x.shape)
-    np.testing.assert_allclose(ours(text, {"x": x})["y"], [-0.2, 0, 3, 6, 6], rtol=1e-6)
-    np.testing.assert_allclose(_grad(text, x), [0.1, 0.1, 1, 0, 0], rtol=1e-6)
-    fd_check(_one('"ReLU6"', (7,)), {"x": np.array([-3, -1, 0.5, 2, 5.5, 6.5, 9.0])}, "y")
-
-
-def test_mish_formula_and_gradient():
-    x = np.array([-30.0, -5.0, 0.0, 1.0, 25.0])
-    text = _one('"Mish"', x.shape)
-    softplus = np.where(x > 20, x, np.where(x < -20, np.exp(x), np.log1p(np.exp(x))))
-    np.testing.assert_allclose(ours(text, {"x": x})["y"], x * np.tanh(softplus), rtol=1e-6)
-    fd_check(text, {"x": np.array([-25.0, -3.0, -0.3, 2.0, 22.0])}, "y")
 
 
 SPATIAL = (
@@ -121,30 +99,3 @@ def test_a_users_own_spatial_dropout_module_wins(tmp_path, monkeypatch):
         np.testing.assert_array_equal(y, -np.ones_like(X))
     finally:
         sys.modules.pop("spatial_dropout", None)
-
-
-DROPOUT = '"Dropout" dropout_param { dropout_ratio: 0.25 %s }'
-
-
-def test_dropout_scale_train_false():
-    """Faster R-CNN: no 1/(1 − p) in TRAIN; x·(1 − p) in TEST."""
-    text = _one(DROPOUT % "scale_train: false")
-    np.testing.assert_allclose(ours(text, {"x": X})["y"], X * 0.75, rtol=1e-6)
-    y = ours(text, {"x": X}, phase="TRAIN")["y"]
-    assert np.all((y == 0) | (y == X)) and np.any(y == 0)
-    kept = ours(_one(DROPOUT % "scale_train: true"), {"x": X}, phase="TRAIN")["y"]
-    assert np.all((kept == 0) | np.isclose(kept, X / 0.75))
-    np.testing.assert_array_equal(ours(_one(DROPOUT % "scale_train: true"), {"x": X})["y"], X)
-
-
-def test_dropout_sample_weights_test():
-    """SegNet / ENet: sample_weights_test drops (and scales) in TEST too."""
-    y = ours(_one(DROPOUT % "sample_weights_test: true"), {"x": X})["y"]
-    assert np.all((y == 0) | np.isclose(y, X / 0.75)) and np.any(y == 0)
-    y = ours(_one(DROPOUT % "sample_weights_test: false"), {"x": X})["y"]
-    np.testing.assert_array_equal(y, X)
-
-
-@pytest.mark.parametrize("kind", ['"ReLU6"', '"Mish"'])
-def test_channels_last(kind):
-    channels_last_agrees(f'layer {{ name: "y" type: {kind} bottom: "c" top: "y" }}', X.shape)
