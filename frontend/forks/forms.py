@@ -2,9 +2,9 @@
 
 Some type strings name different layers in different forks. The frontend decides the form of
 every such layer from its prototxt (the fields it sets, its bottom count) and, where the text
-alone cannot tell, from the net's dialect; ``ir.Layer.form`` holds the answer and the
-lowering reads only that (plus the layer's parameters, by name). A form never depends on a
-binary file.
+alone cannot tell, from the net's dialect; ``ir.Layer.form`` holds the answer, and the
+lowering registry finds the layer's entry by (type, form) (each form registered in its fork's
+module, lowering/forks/). A form never depends on a binary file.
 
 =================  =============  ============================================================
 type               form           meaning
