@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """C3D's 3-D layers: caffe2jax's Convolution3D and Pooling3D (forward + backward, one jitted
-program per layer, lowering/vision3d.py) vs PyTorch eager ``conv3d`` / ``max_pool3d``
+program per layer, lowering/forks/c3d.py) vs PyTorch eager ``conv3d`` / ``max_pool3d``
 (``ceil_mode``: C3D's rounding) on C3D's own layer shapes, side by side in one run.
 
     python benchmarks/c3d_layers.py [--batch 1] [--repeats 5]

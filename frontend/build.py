@@ -11,9 +11,9 @@ import re
 from types import MappingProxyType
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.frontend.dialect import Dialect
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.frontend.forms import layer_form
+from caffe2jax.frontend.forks.dialect import Dialect
+from caffe2jax.frontend.forks.forms import layer_form
 
 
 def _layer_lines(text: str) -> dict[str, int]:

@@ -41,7 +41,7 @@ class Layer:
     ``propagate_down`` is empty when the prototxt does not set it, else one flag per bottom.
     ``form`` tells apart the layers a fork type string names in several forks ("segnet" or
     "pspnet" for BN, "max_unpool" or "nearest" for Upsample, ...; "" when the type has one
-    meaning): see :mod:`caffe2jax.frontend.forms`.
+    meaning): see :mod:`caffe2jax.frontend.forks.forms`.
     """
 
     name: str
@@ -94,7 +94,7 @@ class Net:
     ``shapes`` maps SSA ids to shapes once lowering has inferred them (empty before).
     ``backward`` holds per-layer :class:`Backward` once param counts are known (empty before).
     ``dialect`` is the key of the fork numbering the net's binary files are read with ("bvlc",
-    "pspnet", "ssd+ceil_mode", ...; see :mod:`caffe2jax.frontend.dialect`).
+    "pspnet", "ssd+ceil_mode", ...; see :mod:`caffe2jax.frontend.forks.dialect`).
     """
 
     name: str

@@ -3,7 +3,7 @@
 Reproduces what Caffe's ReadProtoFromTextFile / ReadProtoFromBinaryFile accept: protobuf text
 format (singular fields set once), or a serialized binary message. Text is read by field name,
 so a fork's prototxt parses whatever numbers the fork used; binary messages are decoded with
-the numbers of the fork that wrote them (:mod:`caffe2jax.frontend.dialect_schema`).
+the numbers of the fork that wrote them (:mod:`caffe2jax.frontend.forks.schema`).
 
 Templates: some forks ship prototxts with ``${NAME}`` placeholders that their scripts fill in
 before running Caffe (DeepLab's ``${NUM_LABELS}``); ``defines={"NUM_LABELS": "21"}`` does the
@@ -22,11 +22,11 @@ from typing import TypeVar
 from google.protobuf import message, text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect import BVLC, Dialect, DialectError
-from caffe2jax.frontend.dialect_schema import decode, decode_net
-from caffe2jax.frontend.dialects import FORKS
 from caffe2jax.frontend.errors import PrototxtError
-from caffe2jax.frontend.fork_types import UNKNOWN_FORK_FIELDS
+from caffe2jax.frontend.forks.catalog import FORKS
+from caffe2jax.frontend.forks.dialect import BVLC, Dialect, DialectError
+from caffe2jax.frontend.forks.layer_types import UNKNOWN_FORK_FIELDS
+from caffe2jax.frontend.forks.schema import decode, decode_net
 
 M = TypeVar("M", bound=message.Message)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.build import build_net
-from caffe2jax.frontend.dialect import Dialect, detect, get
 from caffe2jax.frontend.filter import filter_net, make_state
+from caffe2jax.frontend.forks.dialect import Dialect, detect, get
 from caffe2jax.frontend.parse import read_net, substitute
 from caffe2jax.frontend.upgrade import upgrade_net
 
@@ -35,7 +35,7 @@ def read_param(
     defines: Mapping[str, object] | None = None,
 ) -> tuple[caffe_pb2.NetParameter, Dialect]:
     """The net as written (not upgraded) and its dialect: ``dialect`` when given, else the
-    one its text points to (:func:`caffe2jax.frontend.dialect.detect`)."""
+    one its text points to (:func:`caffe2jax.frontend.forks.dialect.detect`)."""
     if isinstance(source, caffe_pb2.NetParameter):
         net = source
     else:

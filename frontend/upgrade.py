@@ -23,7 +23,7 @@ from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import PrototxtError, SolverError
-from caffe2jax.frontend.upgrade_forks import (
+from caffe2jax.frontend.forks.upgrade import (
     FORK_V1_PARAMS,
     FORK_V1_TYPES,
     needs_fork_upgrade,
@@ -76,7 +76,7 @@ V1_LAYER_TYPES: dict[str, str] = {
     "TANH": "TanH",
     "WINDOW_DATA": "WindowData",
     "THRESHOLD": "Threshold",
-    **FORK_V1_TYPES,  # DeepLab v1, C3D v1.0, eric612 (frontend/upgrade_forks.py)
+    **FORK_V1_TYPES,  # DeepLab v1, C3D v1.0, eric612 (frontend/forks/upgrade.py)
 }
 
 #: The V1 parameter messages UpgradeV1LayerParameter copies to the same-named current field.
@@ -130,7 +130,7 @@ def upgrade_net(
     net: caffe_pb2.NetParameter, source: str = "", text: str = ""
 ) -> caffe_pb2.NetParameter:
     """Caffe's UpgradeNetAsNeeded on a copy of ``net``, then the forks' deprecated forms
-    (:mod:`~caffe2jax.frontend.upgrade_forks`); ``source`` and ``text`` locate errors."""
+    (:mod:`~caffe2jax.frontend.forks.upgrade`); ``source`` and ``text`` locate errors."""
     out = caffe_pb2.NetParameter()
     out.CopyFrom(net)
     if out.layers and out.layer:

@@ -110,7 +110,7 @@ class Graph:
         self.carries: dict[str, list[ParamDecl]] = {}
         self.inputs: dict[str, Shape] = {}
         self._input_ssa: dict[str, str] = {}
-        shapes = self._infer(net, dict(input_shapes or {}))
+        shapes = self.infer_shapes(net, dict(input_shapes or {}))
         self.shared = resolve_sharing(net, self.decls)
         net = net.with_shapes(shapes)
         self.net = resolve_backward(
@@ -122,13 +122,13 @@ class Graph:
             },
         )
         self.caffe_layers = insert_splits(self.net)
-        self._layer = {layer.name: layer for layer in self.net.layers}
+        self.layer_by_name = {layer.name: layer for layer in self.net.layers}
         self._index = {layer.name: k for k, layer in enumerate(self.net.layers)}
         # the engine plan: which layers run channels-last, and each layer's engine choice
         self.nhwc_layers = layout.plan(self.net) if self.policy.channels_last else frozenset()
         self.engines = plan_engines(
             self.net, self.lowerings, self.policy, self.nhwc_layers,
-            lambda type_: self.precision.layer_dtype(type_, self.dtype),
+            lambda lowering: self.precision.layer_dtype(lowering.bf16, self.dtype),
         )  # fmt: skip
         self._runs: dict[tuple, RunPlan] = {}
 
@@ -154,7 +154,7 @@ class Graph:
             out.append(tuple(int(d) for d in shape))
         return out
 
-    def _infer(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict[str, Shape]:
+    def infer_shapes(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict[str, Shape]:
         shapes: dict[str, Shape] = {}
         for k, layer in enumerate(net.layers):
             with _at(layer):

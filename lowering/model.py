@@ -18,12 +18,12 @@ import numpy as np
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering.engines.policy import EnginePolicy
-from caffe2jax.lowering.engines.precision import PRECISIONS, Precision, default_precision
+from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.graph import Graph, Params
 from caffe2jax.lowering.host_init import host_init
 from caffe2jax.lowering.shape_cache import ShapeCache
 
-__all__ = ["PRECISIONS", "EnginePolicy", "Model", "ShapeCache", "compile", "default_precision"]
+__all__ = ["PRECISIONS", "EnginePolicy", "Model", "ShapeCache", "compile"]
 
 
 class _Prefix(Graph):
@@ -35,10 +35,10 @@ class _Prefix(Graph):
         self.upto = upto
         super().__init__(*args)
 
-    def _infer(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict:
+    def infer_shapes(self, net: ir.Net, given: dict[str, Sequence[int]]) -> dict:
         head = dataclasses.replace(net, layers=net.layers[: self.upto + 1])
         tops = {user for layer in head.layers for user in layer.top_names}
-        return super()._infer(head, {k: v for k, v in given.items() if k in tops})
+        return super().infer_shapes(head, {k: v for k, v in given.items() if k in tops})
 
 
 class Model:
@@ -55,8 +55,8 @@ class Model:
     is traced into the caller's program (no second compile of its own). ``jax.disable_jit()``
     (or ``JAX_DISABLE_JIT=1``) runs them op by op, for debugging.
 
-    ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default: the enclosing
-    :func:`default_precision` scope, else fp32) is how the layers compute; params, state,
+    ``precision`` (``"fp32"``, ``"tf32"`` or ``"bf16"``; default fp32, Caffe's; kept by every
+    member of its family) is how the layers compute; params, state,
     gradients and returned blobs stay in ``dtype``. ``policy`` (an :class:`EnginePolicy`;
     default: :meth:`EnginePolicy.from_env`, the environment switches read now) picks the engine
     of each convolution and pooling and whether the internal NHWC pass runs; ``channels_last``
@@ -178,8 +178,12 @@ class Model:
     def _member(self, shapes: Mapping[str, tuple[int, ...]], upto: str | None) -> Model:
         model = Model(self.graph.net, shapes, self.dtype, self.graph.precision,
                       None, self.graph.policy, upto=upto)  # fmt: skip
-        model._family = self._family
+        model.join(self.family())
         return model
+
+    def join(self, family: ShapeCache) -> None:
+        """Make this model a member of ``family``: its own reshapes are kept there too."""
+        self._family = family
 
     @property
     def signature(self) -> Hashable:

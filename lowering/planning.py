@@ -34,7 +34,7 @@ def plan_engines(
     lowerings: Mapping[str, Lowering],
     policy: EnginePolicy,
     nhwc_layers: Collection[str],
-    layer_dtype: Callable[[str], Any],
+    layer_dtype: Callable[[Lowering], Any],
 ) -> dict[str, Any]:
     """Each layer's engine choice, for the layers whose type has an engine rule."""
     made_by = producers(net)
@@ -45,7 +45,7 @@ def plan_engines(
             continue  # a data layer, or past the layers a prefix model reshapes
         planning = Planning(
             policy,
-            layer_dtype(layer.type),
+            layer_dtype(lowering),
             layer.name in nhwc_layers,
             tuple(made_by.get(b, "") for b in layer.bottoms),
         )
@@ -90,7 +90,7 @@ def plan_run(graph, start: int, stop: int | None, keep: Collection[str]) -> RunP
     for k in range(start, len(layers) if stop is None else stop):
         caffe = layers[k]
         if not caffe.is_split:
-            layer = graph._layer[caffe.key]
+            layer = graph.layer_by_name[caffe.key]
             if graph.lowerings[layer.name].source or (keep and all(t in keep for t in layer.tops)):
                 continue
         run.append(k)
@@ -101,10 +101,10 @@ def plan_run(graph, start: int, stop: int | None, keep: Collection[str]) -> RunP
         if caffe.is_split:
             steps.append(Step(caffe.bottoms, caffe.tops, nhwc_tops=nhwc))
             continue
-        layer = graph._layer[caffe.key]
+        layer = graph.layer_by_name[caffe.key]
         lowering = graph.lowerings[layer.name]
         fn = lowering.nhwc_fn if layer.name in graph.nhwc_layers else lowering.fn
-        dtype = graph.precision.layer_dtype(layer.type, graph.dtype)
+        dtype = graph.precision.layer_dtype(lowering.bf16, graph.dtype)
         engine = graph.engines.get(layer.name)
         steps.append(Step(caffe.bottoms, layer.tops, layer, fn, dtype, engine, to, nhwc))
     return RunPlan(tuple(steps), moves.held)

@@ -1,6 +1,8 @@
-"""Caffe's Python layers (``type: "Python"``): user-registered JAX functions (the fast path,
-below) or, when none is registered, the ``caffe.Layer`` class itself (see
-:mod:`caffe2jax.lowering.python_class`).
+"""Caffe's Python layers (``type: "Python"``), the machinery: the JAX functions users register
+(the fast path, below), the forks' Python layers caffe2jax implements itself (built-ins), and
+the class-style path's hooks (the ``caffe.Layer`` class itself, :mod:`caffe2jax.lowering.
+python_class`). The ``Python`` type's lowering, which picks among them, is
+:mod:`caffe2jax.lowering.layers.python`.
 
 Caffe's PythonLayer imports ``python_param.module``, instantiates the class
 ``python_param.layer``, hands it ``param_str``, and calls its ``setup``/``reshape``/
@@ -33,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.lowering import python_class
-from caffe2jax.lowering.registry import ParamDecl, Shape, register
+from caffe2jax.lowering.registry import Shape, load_families
 from caffe2jax.lowering.util import fail
 
 ForwardFn = Callable[[list, list, str, Any], Sequence[jax.Array]]
@@ -76,28 +77,45 @@ def register_python_layer(
 
 
 #: Python layers of the forks' models that caffe2jax implements itself (py-faster-rcnn's
-#: rpn.proposal_layer.ProposalLayer): (module, layer) -> a lowering ``fn(layer, params,
+#: rpn.proposal_layer.ProposalLayer): (module, layer, form) -> a lowering ``fn(layer, params,
 #: bottoms, ctx) -> tops``. They run only when no function is registered for the layer and
 #: its module is not importable from sys.path (a user's own module wins, as in Caffe).
-_BUILTIN: dict[tuple[str, str], Callable] = {}
+_BUILTIN: dict[tuple[str, str, str], Callable] = {}
+
+#: Python data layers of the forks' models that caffe2jax reads itself: (module, layer, form)
+#: -> the data layer type that stands in for them (py-faster-rcnn's RoIDataLayer ->
+#: "RoIData"), under the same rule as _BUILTIN.
+_BUILTIN_DATA: dict[tuple[str, str, str], str] = {}
 
 
-def register_builtin_python_layer(module: str, layer: str, fn: Callable) -> None:
-    """Make ``fn`` caffe2jax's own implementation of the fork Python layer ``module.layer``."""
-    _BUILTIN[(module, layer)] = fn
+def register_builtin_python_layer(module: str, layer: str, fn: Callable, *,
+                                  form: str = "") -> None:  # fmt: skip
+    """Make ``fn`` caffe2jax's own implementation of the fork Python layer ``module.layer``
+    (in ``form``: a fork whose layer of that name differs, frontend/forks/forms.py)."""
+    _BUILTIN[(module, layer, form)] = fn
 
 
-#: Python data layers of the forks' models that caffe2jax reads itself: (module, layer) ->
-#: the data layer type of lowering.data.DATA_LAYERS that stands in for them (py-faster-rcnn's
-#: RoIDataLayer -> "RoIData"), under the same rule as _BUILTIN.
-_BUILTIN_DATA: dict[tuple[str, str], str] = {("roi_data_layer.layer", "RoIDataLayer"): "RoIData"}
+def register_builtin_python_data_layer(module: str, layer: str, type_name: str) -> None:
+    """Read the fork Python data layer ``module.layer`` as caffe2jax's data layer
+    ``type_name`` (registered with ``feed="pipeline"``)."""
+    _BUILTIN_DATA[(module, layer, "")] = type_name
 
 
-def _builtin(layer: ir.Layer, table: dict | None = None) -> Any:
-    """caffe2jax's own implementation of ``layer``'s Python class (from ``table``, default the
-    lowerings), when it has one and the user's sys.path has no such module."""
+def builtin_python_layers() -> list[tuple[tuple[str, str, str], Any]]:
+    """Every built-in: ((module, layer, form), its lowering, or the data layer type standing in
+    for it), sorted."""
+    load_families()
+    return sorted({**_BUILTIN, **_BUILTIN_DATA}.items(), key=lambda item: item[0])
+
+
+def builtin(layer: ir.Layer, data: bool = False) -> Any:
+    """caffe2jax's own implementation of ``layer``'s Python class for its form (or, with
+    ``data``, the data layer type standing in for it), when it has one and the user's sys.path
+    has no such module."""
+    load_families()
     p = layer.param.python_param
-    fn = (_BUILTIN if table is None else table).get((p.module, p.layer))
+    table: dict = _BUILTIN_DATA if data else _BUILTIN
+    fn = table.get((p.module, p.layer, layer.form)) or table.get((p.module, p.layer, ""))
     if fn is None:
         return None
     try:
@@ -117,7 +135,7 @@ def registered_python_layers() -> list[str]:
     return sorted(f"{m}.{name}" for m, name in _PYTHON_LAYERS)
 
 
-def _registered(layer: ir.Layer) -> PythonLayer | None:
+def registered(layer: ir.Layer) -> PythonLayer | None:
     """The JAX function registered for ``layer``'s python_param, None when there is none (the
     layer is then a class-style ``caffe.Layer`` imported from sys.path)."""
     p = layer.param.python_param
@@ -126,7 +144,7 @@ def _registered(layer: ir.Layer) -> PythonLayer | None:
     return _PYTHON_LAYERS.get((p.module, p.layer))
 
 
-def _class_style(layer: ir.Layer, call: Callable, *args):
+def class_style(layer: ir.Layer, call: Callable, *args):
     """Run ``call`` of the class-style path; a module missing from sys.path is one clear line."""
     p = layer.param.python_param
     try:
@@ -141,74 +159,6 @@ def _class_style(layer: ir.Layer, call: Callable, *args):
             "no JAX function is registered for it with "
             f"register_python_layer('{p.module}', '{p.layer}')",
         ) from None
-
-
-def _as_decl(layer: ir.Layer, item: Any) -> ParamDecl:
-    if isinstance(item, ParamDecl):
-        return item
-    try:
-        return ParamDecl(tuple(int(d) for d in item))
-    except TypeError:
-        raise fail(layer, f"param_shapes must return ParamDecl or shapes; got {item!r}") from None
-
-
-def _diffs(layer: ir.Layer, what: str, diffs: Any, like: Sequence[jax.Array]) -> list:
-    """The user's diffs as a list matching ``like`` (None → zeros), shapes checked."""
-    diffs = [None] * len(like) if diffs is None else list(diffs)
-    if len(diffs) != len(like):
-        raise fail(layer, f"backward returned {len(diffs)} {what} diff(s), expected {len(like)}")
-    out = []
-    for i, (d, x) in enumerate(zip(diffs, like)):
-        if d is None:
-            out.append(jnp.zeros_like(x))
-            continue
-        d = jnp.asarray(d, x.dtype)
-        if d.shape != x.shape:
-            raise fail(
-                layer, f"backward's {what} diff {i} has shape {list(d.shape)}, not {list(x.shape)}"
-            )
-        out.append(d)
-    return out
-
-
-def _tops(layer: ir.Layer, tops: Any) -> list:
-    """The forward's result as a list of tops (a bare array is a mistake worth naming)."""
-    if not isinstance(tops, (list, tuple)):
-        raise fail(
-            layer,
-            f"the Python layer's forward must return a list of tops, got {type(tops).__name__}",
-        )
-    return list(tops)
-
-
-def _with_backward(layer: ir.Layer, entry: PythonLayer, param_str: str, ctx) -> Callable:
-    """``(params, bottoms) -> tops`` whose VJP is the user's hand-written backward."""
-
-    def forward(params, bottoms):
-        return _tops(layer, entry.forward(list(bottoms), list(params), param_str, ctx))
-
-    # Caffe runs the layer's own backward(), which need not be forward's derivative; a
-    # custom_vjp puts exactly that backward into JAX's reverse mode.
-    @jax.custom_vjp
-    def run(params, bottoms):
-        return forward(params, bottoms)
-
-    def run_fwd(params, bottoms):
-        tops = forward(params, bottoms)
-        return tops, (params, bottoms, tops)
-
-    def run_bwd(res, top_diffs):
-        params, bottoms, tops = res
-        bottom_diffs, param_diffs = entry.backward(
-            list(bottoms), list(params), list(tops), list(top_diffs), param_str
-        )
-        return (
-            _diffs(layer, "param", param_diffs, params),
-            _diffs(layer, "bottom", bottom_diffs, bottoms),
-        )
-
-    run.defvjp(run_fwd, run_bwd)
-    return run
 
 
 def _as_data_layer(layer: ir.Layer, type_name: str) -> ir.Layer:
@@ -228,14 +178,14 @@ def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLay
     hosts, layers = [], []
     for layer in net.layers:
         host = None
-        builtin = None
-        if layer.type == "Python" and not layer.bottoms and _registered(layer) is None:
-            builtin = _builtin(layer, _BUILTIN_DATA)
-        if builtin is not None:
-            layers.append(_as_data_layer(layer, builtin))
+        stands_in = None
+        if layer.type == "Python" and not layer.bottoms and registered(layer) is None:
+            stands_in = builtin(layer, data=True)
+        if stands_in is not None:
+            layers.append(_as_data_layer(layer, stands_in))
             continue
-        if layer.type == "Python" and not layer.bottoms and _registered(layer) is None:
-            host = _class_style(layer, lambda layer: python_class.host_data_layer(layer))
+        if layer.type == "Python" and not layer.bottoms and registered(layer) is None:
+            host = class_style(layer, lambda layer: python_class.host_data_layer(layer))
         if host is None:
             layers.append(layer)
             continue
@@ -244,33 +194,3 @@ def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLay
     if not hosts and all(a is b for a, b in zip(layers, net.layers)):
         return net, []
     return dataclasses.replace(net, layers=tuple(layers)), hosts
-
-
-@register("Python")
-def python_layer(layer, params, bottoms, ctx):
-    """Caffe's PythonLayer: the JAX function registered for (module, layer) when there is
-    one (the fast path), else the class ``module.layer`` run through host callbacks."""
-    entry = _registered(layer)
-    if entry is None:
-        builtin = _builtin(layer)
-        if builtin is not None:
-            return builtin(layer, params, bottoms, ctx)
-        return _class_style(layer, python_class.lower, params, bottoms, ctx)
-    param_str = layer.param.python_param.param_str
-    if entry.backward is None:
-        return _tops(layer, entry.forward(list(bottoms), list(params), param_str, ctx))
-    return _with_backward(layer, entry, param_str, ctx)(list(params), list(bottoms))
-
-
-@python_layer.param_shapes
-def _(layer, bottom_shapes):
-    entry = _registered(layer)
-    if entry is None:
-        if _builtin(layer) is not None:
-            return []
-        return _class_style(layer, python_class.declare, bottom_shapes)
-    if entry.param_shapes is None:
-        return []
-    shapes = [tuple(s) for s in bottom_shapes]
-    declared = entry.param_shapes(shapes, layer.param.python_param.param_str)
-    return [_as_decl(layer, item) for item in declared]

@@ -1,4 +1,5 @@
-"""The layer registry: one lowering per Caffe type string, exactly as Caffe spells it.
+"""The layer registry: one lowering per Caffe type string, exactly as Caffe spells it, and per
+fork form of it.
 
 A lowering is a pure function ``fn(layer, params, bottoms, ctx) -> tops`` plus the shapes and
 fillers of its param blobs in Caffe's blob order::
@@ -17,6 +18,15 @@ shared blobs resolved). A ``stateful`` lowering returns ``(tops, new_state)`` wh
 MemoryData, Data…) computes nothing: its tops are graph inputs, and its function returns the
 shapes it declares (``None`` where only the data can tell).
 
+A type string that names different layers in Caffe's forks (frontend/forks/forms.py decides
+each layer's ``form``) registers each variant under a key that carries it:
+``@register("SoftmaxWithLoss", form="segnet")`` in the fork's module beside BVLC's
+``@register("SoftmaxWithLoss")``; :func:`lookup` takes the layer's (type, form) entry where
+there is one, else the type's BVLC entry (form ``""``), so no lowering reads ``layer.form``.
+An entry also says whether the type computes in bfloat16 under precision ``bf16``
+(``bf16=True``, lowering/engines/precision.py) and, for a data layer, how it is fed and which
+runtime class reads it (``feed=``, ``reader=``: :data:`DATA_LAYERS`).
+
 A type may also register, in its family file, a channels-last form
 (``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py runs the pass) and an engine
 rule (``@convolution.engine``: the form the net's engine policy picks when the graph is
@@ -26,7 +36,7 @@ planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every reg
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +45,7 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.frontend.forks.layer_types import unsupported_fork_type
 from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]
@@ -102,9 +112,26 @@ ShapesRule = Callable[[ir.Layer, Sequence[Shape]], bool]
 EngineFn = Callable[[ir.Layer, Sequence[Shape], Planning], Any]
 
 
+@dataclass(frozen=True)
+class DataLayer:
+    """One of Caffe's data layer types as the whole pipeline sees it: the blob counts Caffe
+    checks, who fills its tops, and the runtime class that reads (or writes) its data.
+
+    ``feed``: ``"caller"`` (Input: the user's arrays), ``"memory"`` (MemoryData's arrays given
+    to ``set_input_arrays``), ``"pipeline"`` (read from files by ``caffe2jax.runtime.data``) or
+    ``"sink"`` (HDF5Output: written after each forward). ``reader`` names the runtime class as
+    ``"module:Class"`` (resolved by the runtime, as Caffe's layer_factory names a creator);
+    ``None`` where caffe2jax has no reader for the type yet.
+    """
+
+    counts: tuple[int, int | None, int, int | None]
+    feed: str
+    reader: str | None = None
+
+
 @dataclass
 class Lowering:
-    """A registered Caffe layer type."""
+    """A registered Caffe layer type (in one fork form: ``form``, ``""`` for BVLC's)."""
 
     type: str
     fn: LoweringFn
@@ -119,6 +146,10 @@ class Lowering:
     nhwc_when: ShapesRule | None = None
     nhwc_starts: bool = False
     _engine: EngineFn | None = None
+    form: str = ""
+    # computes in bfloat16 under precision "bf16" (lowering/engines/precision.py)
+    bf16: bool = False
+    data: DataLayer | None = None
 
     def __call__(self, layer, params, bottoms, ctx):
         return self.fn(layer, params, bottoms, ctx)
@@ -168,6 +199,11 @@ class Lowering:
         self._engine = fn
         return fn
 
+    @property
+    def has_engine(self) -> bool:
+        """Whether the type has an engine rule (``@<lowering>.engine``)."""
+        return self._engine is not None
+
     def choose_engine(self, layer: ir.Layer, bottom_shapes: Sequence[Shape], planning: Planning):
         """The layer's engine choice (None for types with no engine rule)."""
         return None if self._engine is None else self._engine(layer, bottom_shapes, planning)
@@ -202,7 +238,7 @@ class Lowering:
         return tuple(i not in self.no_force_backward for i in range(n_bottoms))
 
 
-_REGISTRY: dict[str, Lowering] = {}
+_REGISTRY: dict[tuple[str, str], Lowering] = {}
 
 
 class NetState(dict):
@@ -240,20 +276,29 @@ def _range(lo: int, hi: int | None) -> str:
 def register(
     type_name: str,
     *,
+    form: str = "",
     counts: tuple[int, int | None, int, int | None] | None = None,
     equal_bottom_top: bool = False,
     stateful: bool = False,
     source: bool = False,
     no_force_backward: Sequence[int] = (),
+    bf16: bool = False,
+    feed: str | None = None,
+    reader: str | None = None,
 ) -> Callable[[LoweringFn], Lowering]:
-    """Register the lowering of Caffe layer type ``type_name`` (one registration per type)."""
+    """Register the lowering of Caffe layer type ``type_name`` in fork form ``form`` (``""``:
+    BVLC's, or the one meaning a fork type has); one registration per (type, form).
+    ``bf16``: the type computes in bfloat16 under precision ``bf16``. ``feed`` (and
+    ``reader``) make it a data layer (:class:`DataLayer`)."""
 
     def wrap(fn: LoweringFn) -> Lowering:
-        if type_name in _REGISTRY:
-            raise ValueError(f"layer type {type_name!r} is registered twice")
-        lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward),
-                            counts, equal_bottom_top)  # fmt: skip
-        _REGISTRY[type_name] = lowering
+        if (type_name, form) in _REGISTRY:
+            variant = f" in form {form!r}" if form else ""
+            raise ValueError(f"layer type {type_name!r}{variant} is registered twice")
+        data = None if feed is None else DataLayer(counts or (0, None, 0, None), feed, reader)
+        lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward), counts,
+                            equal_bottom_top, form=form, bf16=bf16, data=data)  # fmt: skip
+        _REGISTRY[(type_name, form)] = lowering
         return lowering
 
     return wrap
@@ -261,33 +306,85 @@ def register(
 
 def registered_types() -> list[str]:
     """Every Caffe type string caffe2jax lowers, sorted."""
-    _load_families()
+    load_families()
+    return sorted({type_name for type_name, _ in _REGISTRY})
+
+
+def registered_forms() -> list[tuple[str, str]]:
+    """Every registered (type, form), sorted (form ``""``: BVLC's, or a fork type's one)."""
+    load_families()
     return sorted(_REGISTRY)
 
 
-def lowering_of(type_name: str) -> Lowering:
-    """The registered lowering of Caffe type ``type_name`` (KeyError if there is none)."""
-    _load_families()
-    return _REGISTRY[type_name]
+def lowering_of(type_name: str, form: str = "") -> Lowering:
+    """The lowering a layer of ``type_name`` in ``form`` runs: its (type, form) entry, else the
+    type's entry of form ``""``, else (a fork type with forms only) its first form's; KeyError
+    if the type is not registered."""
+    load_families()
+    found = _REGISTRY.get((type_name, form)) or _REGISTRY.get((type_name, ""))
+    if found is None:
+        forms = sorted(f for t, f in _REGISTRY if t == type_name)
+        if not forms:
+            raise KeyError(type_name)
+        found = _REGISTRY[(type_name, forms[0])]
+    return found
 
 
 def lookup(layer: ir.Layer) -> Lowering:
-    """The lowering for ``layer``; an unknown type fails naming the layer and the known types."""
-    _load_families()
-    try:
-        return _REGISTRY[layer.type]
-    except KeyError:
-        fork = unsupported_fork_type(layer.type, getattr(layer, "form", ""))
-        if fork:
-            raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}") from None
-        close = difflib.get_close_matches(layer.type, _REGISTRY, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise NetError(
-            f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
-            f"{len(_REGISTRY)} types are supported, listed by caffe2jax.layer_type_list()"
-        ) from None
+    """The lowering for ``layer``: its (type, form) entry where its form has one, else the
+    type's BVLC entry; an unknown type fails naming the layer and the known types."""
+    load_families()
+    form = getattr(layer, "form", "")
+    found = _REGISTRY.get((layer.type, form)) or _REGISTRY.get((layer.type, ""))
+    if found is not None:
+        return found
+    forms = sorted(f for t, f in _REGISTRY if t == layer.type)
+    if forms:
+        raise NetError(f"layer '{layer.name}' (type {layer.type}): form '{form}' has no "
+                       f"lowering; the type's forms: {', '.join(forms)}")  # fmt: skip
+    fork = unsupported_fork_type(layer.type, form)
+    if fork:
+        raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}")
+    types = registered_types()
+    close = difflib.get_close_matches(layer.type, types, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise NetError(
+        f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
+        f"{len(types)} types are supported, listed by caffe2jax.layer_type_list()"
+    )
 
 
-def _load_families() -> None:
-    """Import every family module once so their @register calls run."""
-    from caffe2jax.lowering import families  # noqa: F401
+class _DataLayers(Mapping[str, DataLayer]):
+    """The data layer types as registered (type -> :class:`DataLayer`, the first form's), every
+    family loaded first: the one table the runtime's feeder and readers dispatch on."""
+
+    def _table(self) -> dict[str, DataLayer]:
+        load_families()
+        table: dict[str, DataLayer] = {}
+        for (type_name, _), lowering in _REGISTRY.items():
+            if lowering.data is not None:
+                table.setdefault(type_name, lowering.data)
+        return table
+
+    def __getitem__(self, type_name: str) -> DataLayer:
+        return self._table()[type_name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+DATA_LAYERS: Mapping[str, DataLayer] = _DataLayers()
+
+
+def data_layers(feed: str) -> tuple[str, ...]:
+    """The data layer types fed as ``feed`` says (see :class:`DataLayer`)."""
+    return tuple(name for name, kind in DATA_LAYERS.items() if kind.feed == feed)
+
+
+def load_families() -> None:
+    """Import every family module once so their registrations run: BVLC's
+    (:mod:`caffe2jax.lowering.layers`), then the forks' (:mod:`caffe2jax.lowering.forks`)."""
+    from caffe2jax.lowering import forks, layers  # noqa: F401

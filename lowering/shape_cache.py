@@ -5,11 +5,12 @@ recently used dropped; a script that brings a new shape on every call is told so
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
+
+from caffe2jax.frontend import environment
 
 LIMIT_ENV = "CAFFE2JAX_MAX_SHAPES"
 DEFAULT_LIMIT = 16
@@ -18,7 +19,7 @@ DEFAULT_LIMIT = 16
 def default_limit() -> int:
     """``$CAFFE2JAX_MAX_SHAPES`` (at least 1), else 16."""
     try:
-        return max(1, int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT)))
+        return max(1, int(environment.value(LIMIT_ENV) or DEFAULT_LIMIT))
     except ValueError:
         return DEFAULT_LIMIT
 

@@ -29,3 +29,7 @@ def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
 def nchw(shape: Sequence[int]) -> tuple[int, ...]:
     """The Caffe (N, C, H, W) shape of a channels-last (N, H, W, C) blob's shape."""
     return (shape[0], shape[3], shape[1], shape[2])
+
+
+# the (N, H, W) axes and the per-channel shape of a 4-D blob: NCHW, or channels-last (NHWC)
+CHANNEL_AXES = {False: ((0, 2, 3), (1, -1, 1, 1)), True: ((0, 1, 2), (1, 1, 1, -1))}

@@ -3,7 +3,7 @@ fold each linear layer that follows a convolution into that convolution's blobs.
 
 After compute_bn_stats a SegNet/ENet ``BN`` in ``bn_mode: INFERENCE`` computes
 ``y = γ'·x + β'`` per channel, and ENet's SpatialDropout in its non-TRAIN phase ``y = x/(1−p)``
-(lowering/fork_neuron.py). Following a Convolution they fold into it:
+(lowering/forks/enet.py). Following a Convolution they fold into it:
 
 * BN: ``W'[o] = W[o]·γ'[o]``, ``b'[o] = b[o]·γ'[o] + β'[o]`` (a convolution without a bias term
   gets one, as the script's ``add_bias_to_conv`` does, with ``b = 0``);
@@ -26,7 +26,7 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.lowering.fork_neuron import spatial_dropout_args
+from caffe2jax.lowering.forks.enet import spatial_dropout_args
 
 Blobs = Mapping[str, list[np.ndarray]]
 SPATIAL_DROPOUT = ("spatial_dropout", "SpatialDropoutLayer")

@@ -2,7 +2,7 @@
 ships the same script), as ``caffe2jax compute_bn_stats``.
 
 SegNet's ``BN`` layer keeps no running statistics: in ``bn_mode: LEARN`` it normalises with the
-statistics of the batch in every phase (lowering/fork_bn.py). After training, the script
+statistics of the batch in every phase (lowering/forks/segnet.py). After training, the script
 
 1. makes the *statistics net* from the train prototxt (:func:`statistics_net`): every ``BN``
    with one top gets two more, ``<top>-mean`` and ``<top>-var`` (the batch μ and σ², before

@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from caffe2jax.frontend import environment
+
 NO_CACHE_ENV = "CAFFE2JAX_NO_COMPILE_CACHE"
 CACHE_DIR_ENV = "CAFFE2JAX_CACHE_DIR"
 _JAX_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
@@ -34,21 +36,21 @@ _decided = False  # an entry point chose (the CLI's --no-compile-cache): the def
 
 def cache_dir() -> Path:
     """``$CAFFE2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/...``)."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
+    if environment.value(CACHE_DIR_ENV):
+        return Path(environment.value(CACHE_DIR_ENV))
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "caffe2jax" / "xla"
 
 
 def switched_off() -> bool:
     """Whether ``$CAFFE2JAX_NO_COMPILE_CACHE`` turns the cache off (anything but 0/empty)."""
-    return os.environ.get(NO_CACHE_ENV, "") not in ("", "0")
+    return environment.value(NO_CACHE_ENV) not in ("", "0")
 
 
 def _users_own() -> bool:
     """Whether the user pointed JAX at a cache of their own."""
     theirs = os.environ.get(_JAX_DIR_ENV)
-    if theirs and theirs not in (str(_ours), os.environ.get(_OURS_ENV)):
+    if theirs and theirs not in (str(_ours), environment.value(_OURS_ENV)):
         return True
     if "jax" in sys.modules:
         current = sys.modules["jax"].config.jax_compilation_cache_dir
@@ -91,7 +93,7 @@ def enable_by_default() -> Path | None:
 def _disable() -> None:
     global _ours
     current = os.environ.get(_JAX_DIR_ENV)
-    if current and current in (str(_ours), os.environ.get(_OURS_ENV)):
+    if current and current in (str(_ours), environment.value(_OURS_ENV)):
         del os.environ[_JAX_DIR_ENV]
     if "jax" in sys.modules:
         sys.modules["jax"].config.update("jax_enable_compilation_cache", False)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.ctc import greedy_decode
+from caffe2jax.lowering.forks.crnn import greedy_decode
 
 _LAYOUTS = ("TNC", "NTC")
 

@@ -16,7 +16,7 @@ copied into the repository) and rewritten only in data paths and sizes:
   for 128-px images instead of 128–512 px for 600-px ones).
 
 The built-in proposal and proposal target layers take their py-R-FCN form (the net's dialect
-is R-FCN's; lowering/rpn_rfcn.py): rfcn_end2end_ohem.yml's 6000 / 300 proposals and every
+is R-FCN's; lowering/forks/rfcn.py): rfcn_end2end_ohem.yml's 6000 / 300 proposals and every
 proposal kept with class-agnostic targets. The solver is py-R-FCN's ResNet-50
 rfcn_end2end/solver_ohem.prototxt (base_lr 0.001, step 0.1 at 80000, momentum 0.9,
 weight_decay 0.0005, iter_size 2) with display, ``max_iter`` and ``snapshot`` set here

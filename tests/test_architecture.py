@@ -1,5 +1,7 @@
 """The house rules, read from the source: imports run one way, no import cycles, short modules
-and functions (README "Where things are"; ../shared/DESIGN.md "The pipeline")."""
+and functions, and the rooms of lowering/ (machinery at the top, BVLC's families in layers/, the
+forks' in forks/, box maths once in boxes/) (README "Layout"; ../shared/DESIGN.md "The
+pipeline")."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ PACKAGES = {
 }
 GENERATED = {"caffe2jax.frontend.caffe_pb2"}
 # The registry imports every family on first lookup, and each family imports the registry:
-# the one designed cycle (lowering/registry.py _load_families).
-DESIGNED = {("caffe2jax.lowering.registry", "caffe2jax.lowering.families")}
+# the one designed cycle (lowering/registry.py load_families).
+DESIGNED = {
+    ("caffe2jax.lowering.registry", "caffe2jax.lowering.layers"),
+    ("caffe2jax.lowering.registry", "caffe2jax.lowering.forks"),
+}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 
@@ -161,8 +166,8 @@ def test_no_import_cycles_lazy_ones_included():
 
 
 def test_the_designed_cycle_is_the_registrys_family_import():
-    # the cut edge exists, so the test above really checks the rest of the lowering package
-    assert "caffe2jax.lowering.families" in graph()["caffe2jax.lowering.registry"]
+    # the cut edges exist, so the test above really checks the rest of the lowering package
+    assert {d for _, d in DESIGNED} <= graph()["caffe2jax.lowering.registry"]
 
 
 def test_the_import_reader_sees_lazy_imports_and_skips_type_checking():
@@ -203,3 +208,170 @@ def test_no_function_body_over_50_lines():
                 if (n := _body_lines(node)) > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name} (line {node.lineno}): {n}")
     assert long == []
+
+
+# -- the rooms of lowering/ ---------------------------------------------------------------------
+
+MAX_LOWERING_TOP = 15
+LOWERING = ROOT / "lowering"
+# BVLC Caffe's layer types (src/caffe/layers/ at BVLC master): every other registered type is a
+# fork's (or caffe2jax's stand-in for a fork's Python layer, RoIData)
+BVLC_TYPES = frozenset(
+    "AbsVal Accuracy ArgMax BatchNorm BatchReindex Bias BNLL Clip Concat ContrastiveLoss "
+    "Convolution Crop Data Deconvolution Dropout DummyData Eltwise ELU Embed EuclideanLoss Exp "
+    "Filter Flatten HDF5Data HDF5Output HingeLoss Im2col ImageData InfogainLoss InnerProduct "
+    "Input Log LRN LSTM LSTMUnit MemoryData MultinomialLogisticLoss MVN Parameter Pooling Power "
+    "PReLU Python Reduction ReLU Reshape RNN Scale Sigmoid SigmoidCrossEntropyLoss Silence Slice "
+    "Softmax SoftmaxWithLoss Split SPP Swish TanH Threshold Tile WindowData".split()
+)
+
+
+def _registered_by_folder() -> dict[str, dict[str, set]]:
+    """Per folder of lowering/ (package name): the BVLC types and the fork types or forms its
+    modules register (a fork entry: a fork form, a type of a fork, or a built-in Python layer)."""
+    from caffe2jax.lowering.python_layer import builtin_python_layers
+    from caffe2jax.lowering.registry import lowering_of, registered_forms
+
+    found: dict[str, dict[str, set]] = {}
+    for type_name, form in registered_forms():
+        module = lowering_of(type_name, form).fn.__module__
+        kind = "bvlc" if not form and type_name in BVLC_TYPES else "fork"
+        found.setdefault(module.rpartition(".")[0], {"bvlc": set(), "fork": set()})[kind].add(
+            (type_name, form, module)
+        )
+    for key, fn in builtin_python_layers():
+        if not isinstance(fn, str):  # the data layer types are registered above
+            folder = found.setdefault(
+                fn.__module__.rpartition(".")[0], {"bvlc": set(), "fork": set()}
+            )
+            folder["fork"].add(("Python", key, fn.__module__))
+    return found
+
+
+def test_no_folder_of_lowering_registers_both_bvlc_and_fork_types():
+    mixed = {
+        folder: sorted(kinds["fork"])[:3]
+        for folder, kinds in _registered_by_folder().items()
+        if kinds["bvlc"] and kinds["fork"]
+    }
+    assert mixed == {}
+    folders = _registered_by_folder()
+    assert {t for t, _, _ in folders["caffe2jax.lowering.layers"]["bvlc"]} == BVLC_TYPES
+    assert not folders["caffe2jax.lowering.forks"]["bvlc"]
+
+
+def test_lowerings_top_holds_machinery_only():
+    top = sorted(p.stem for p in LOWERING.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= MAX_LOWERING_TOP, top
+    assert "caffe2jax.lowering" not in _registered_by_folder()  # no family at the top
+
+
+def _reads_form(path: Path) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "form"
+    ]
+
+
+def test_no_module_that_lowers_a_bvlc_type_reads_a_fork_form():
+    """A fork's variant of a BVLC type is its own registry entry (``register(..., form=)``),
+    never an ``if layer.form`` in the BVLC body."""
+    bvlc = {m for kinds in _registered_by_folder().values() for _, _, m in kinds["bvlc"]}
+    reads = {m: lines for m in bvlc if (lines := _reads_form(modules()[m]))}
+    assert reads == {}
+    # and nothing in layers/ registers a form
+    keyed = [
+        f"{path.name}:{node.lineno}"
+        for path in (LOWERING / "layers").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "register"
+        and any(k.arg == "form" for k in node.keywords)
+    ]  # fmt: skip
+    assert keyed == []
+
+
+def _computes_overlap(fn: ast.FunctionDef) -> bool:
+    """A function that computes box overlap: intersection sides from min/max of the corners,
+    and a division by a union written ``area + area − intersection``."""
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Call)
+    }
+    union = any(
+        isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+        and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Add)
+        for node in ast.walk(fn)
+    )  # fmt: skip
+    divides = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(fn))
+    clipped = calls & {"minimum", "min"} and calls & {"maximum", "max"}
+    return bool(clipped) and union and divides
+
+
+def _overlap_modules(folder: Path, package: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and _computes_overlap(node):
+                name = ".".join([package, *path.relative_to(folder).with_suffix("").parts])
+                found.setdefault(name, []).append(node.name)
+    return found
+
+
+def test_box_overlap_is_written_once_in_lowering():
+    """IoU in JAX lives in lowering/boxes/iou.py, each fork's convention an argument; every
+    detection layer calls it."""
+    assert _overlap_modules(LOWERING, "caffe2jax.lowering") == {
+        "caffe2jax.lowering.boxes.iou": ["iou"]
+    }
+
+
+def test_the_overlap_detector_finds_the_forms_it_replaced():
+    """The check above recognises the IoU forms the forks' layers used to write each time."""
+    samples = {
+        "ssd": "def f(a, b):\n    iw = jnp.minimum(a, b) - jnp.maximum(a, b)\n"
+        "    return iw / (area_a + area_b - iw)\n",
+        "yolo": "def f(box, boxes):\n    left = jnp.maximum(box, boxes)\n"
+        "    right = jnp.minimum(box, boxes)\n    inter = right - left\n"
+        "    return inter / (box[2] * box[3] + boxes[2] * boxes[3] - inter)\n",
+    }
+    for text in samples.values():
+        assert _computes_overlap(ast.parse(text).body[0])
+
+
+def test_no_environment_read_in_lowering_outside_the_engines():
+    """Settings reach a net as explicit values (its engine policy, precision) or through the
+    one environment table (frontend/environment.py); the engine policy reads its switches
+    there, and no other module of lowering/ touches the process environment."""
+    reads = []
+    for path in sorted(LOWERING.rglob("*.py")):
+        if path.parent == LOWERING / "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv"):
+                reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert reads == []
+
+
+def test_the_import_paths_users_hold_keep_working():
+    """Rooms move; pycaffe's module names, caffe.proto's module, the functional API's and the
+    machinery scripts import by path stay where users find them."""
+    import importlib
+
+    import caffe2jax
+
+    for name in ("io", "draw", "net_spec", "coord_map", "api", "proto.caffe_pb2"):
+        assert importlib.import_module(f"caffe2jax.{name}") is not None
+    for name in caffe2jax.__all__:
+        assert getattr(caffe2jax, name) is not None
+    from caffe2jax.lowering.python_layer import register_python_layer  # noqa: F401
+    from caffe2jax.lowering.registry import (  # noqa: F401
+        Context,
+        NetState,
+        ParamDecl,
+        lookup,
+        lowering_of,
+        register,
+        registered_types,
+    )

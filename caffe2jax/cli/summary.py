@@ -15,8 +15,8 @@ from pathlib import Path
 from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary_shapes import Shape, partial_shapes
 from caffe2jax.frontend import ir
-from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError, NetError
+from caffe2jax.frontend.forks.dialect import get
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_layer import registered_python_layers

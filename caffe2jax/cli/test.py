@@ -26,13 +26,11 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from caffe2jax.lowering.model import default_precision
     from caffe2jax.pycaffe.net import Net
 
     log = logs.setup(None)
-    with default_precision(args.precision):
-        net = Net(args.model, args.phase, level=args.level, stages=args.stage,
-                  weights=args.weights, dialect=args.dialect)  # fmt: skip
+    net = Net(args.model, args.phase, level=args.level, stages=args.stage,
+              weights=args.weights, dialect=args.dialect, precision=args.precision)  # fmt: skip
     try:
         score(net, args.iterations, log)
     finally:

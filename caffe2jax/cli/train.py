@@ -237,7 +237,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from caffe2jax.lowering.model import default_precision
     from caffe2jax.runtime.parallel.devices import is_primary, select
     from caffe2jax.runtime.train.loop import SolverLoop
 
@@ -259,8 +258,7 @@ def _run(args: argparse.Namespace) -> int:
     # Caffe's root solver logs; other processes keep quiet (their warnings still show)
     logger = (logs.setup(log_file, console=not use_bar, append=bool(args.snapshot))
               if is_primary() else _quiet_logger())  # fmt: skip
-    with default_precision(args.precision):  # nets the loop compiles compute in it
-        solver = SolverLoop(args.solver, logger=logger, devices=gpu)
+    solver = SolverLoop(args.solver, logger=logger, devices=gpu, precision=args.precision)
     if args.iterations is not None:
         solver.param.max_iter = args.iterations
     if args.weights:

@@ -65,6 +65,7 @@ class Net:
         state: Any = None,
         base_dir: str | os.PathLike | None = None,
         dialect: str | None = None,
+        precision: str | None = None,
     ):
         phase, weights, base_dir = constructor_args(
             network_file, phase_or_weights, phase, weights, base_dir
@@ -73,7 +74,8 @@ class Net:
         seed = random_seed() if seed is None else seed
         compiled = CompiledNet.build(network_file, self.phase, level=level, stages=stages or (),
                                      state=state, base_dir=base_dir, seed=seed,
-                                     dtype=dtype, dialect=dialect)  # fmt: skip
+                                     dtype=dtype, dialect=dialect,
+                                     precision=precision)  # fmt: skip
         self._attach(compiled, *compiled.model.init(jax.random.key(seed)))
         if weights is not None:
             self.copy_from(weights)

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.frontend import environment
+
 LIB_ENV = "CAFFE2JAX_ONEDNN_LIB"
 
 # oneDNN v3 C API constants (oneapi/dnnl/dnnl_types.h, dnnl_common_types.h)
@@ -64,8 +66,8 @@ _CALLBACK = ctypes.CFUNCTYPE(
 
 
 def _find_library() -> str:
-    if os.environ.get(LIB_ENV):
-        return os.environ[LIB_ENV]
+    if environment.value(LIB_ENV):
+        return environment.value(LIB_ENV)
     for prefix in (sys.prefix, sys.base_prefix):
         path = os.path.join(prefix, "lib", "libdnnl.so.3")
         if os.path.exists(path):

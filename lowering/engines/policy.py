@@ -9,7 +9,8 @@ Convolution and Pooling asks the policy for its form (:meth:`EnginePolicy.conv_f
 layer that produced its bottom); the lowering receives that choice as ``ctx.engine``. Nothing
 here is read while a program is traced, so a net behaves the same however often it is traced.
 
-The switches (docs/performance.md "Engine switches" has the one table):
+The switches (read through lowering/engines/environment.py; docs/environment.md lists every
+variable, docs/performance.md "Engine switches" what each setting does):
 
 * ``$CAFFE2JAX_CPU_CONV`` → :attr:`EnginePolicy.conv`: ``auto`` (unset), ``onednn``,
   ``onednn-all`` or ``xla`` (lowering/engines/onednn.py).
@@ -22,7 +23,6 @@ The switches (docs/performance.md "Engine switches" has the one table):
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.engines import onednn
 
@@ -122,14 +123,13 @@ class EnginePolicy:
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields: Any) -> EnginePolicy:
         """The policy the user's environment variables ask for (others at their defaults,
         ``fields`` overriding); a value a switch does not take is refused by name."""
-        env = os.environ if environ is None else environ
-        conv = env.get(CONV_ENV, "").strip().lower() or "auto"
+        conv = environment.value(CONV_ENV, environ).strip().lower() or "auto"
         if conv not in CONV_SETTINGS:
             raise PolicyError(f"${CONV_ENV}={conv!r}: use one of {', '.join(CONV_SETTINGS)}")
-        pool = env.get(POOL_ENV, "").strip().lower() or "auto"
+        pool = environment.value(POOL_ENV, environ).strip().lower() or "auto"
         if pool not in POOL_SETTINGS:
             raise PolicyError(f"${POOL_ENV}={pool!r}: use {', '.join(POOL_SETTINGS[:-1])} or xla")
-        last = env.get(CHANNELS_LAST_ENV, "").strip().lower()
+        last = environment.value(CHANNELS_LAST_ENV, environ).strip().lower()
         if last and last not in _TRUE + _FALSE:
             raise PolicyError(f"${CHANNELS_LAST_ENV}={last!r}: use 1 or 0")
         return cls(**{"conv": conv, "pool": pool, "channels_last": last not in _FALSE, **fields})

@@ -7,20 +7,22 @@ precision only changes how layers compute inside ``Graph.run``.
   default would be TF32).
 * ``tf32``: float32 storage, TensorFloat-32 matmuls and convolutions where the hardware has
   them (Ampere and later GPUs); the same as fp32 on CPU.
-* ``bf16``: the layers in :data:`BF16_TYPES` (convolutions, inner products and the layers
-  that only move or select their values) receive their bottoms and param blobs cast to
+* ``bf16``: the layer types registered ``bf16=True`` (lowering/registry.py: convolutions,
+  inner products and the layers that only move, select or rectify their values, with no sums
+  that lose accuracy in 8 mantissa bits) receive their bottoms and param blobs cast to
   bfloat16 and produce bfloat16 tops; every other layer (losses, softmax, normalisation,
   accuracy…) casts its bottoms back to float32. The casts are inside the differentiated
   function, so gradients reach the float32 master params as float32 and the solver history
   stays float32. No loss scaling is applied: bfloat16 has float32's 8-bit exponent, so
   gradients that fp16 would flush to zero stay representable (only mantissa bits are lost).
+
+A net's precision is one explicit value, like its engine policy: ``Model(..., precision=)`` /
+``compile(..., precision=)``, carried to every shape it is reshaped to, and the solver's
+``SolverLoop(..., precision=)`` for the nets it builds (the CLI's ``--precision``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +32,7 @@ from caffe2jax.frontend.errors import NetError
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 
-# Layer types computed in bfloat16 under ``bf16``: the FLOP-heavy ones and those that only
-# move, select or rectify values (no sums that lose accuracy in 8 mantissa bits).
-BF16_TYPES = frozenset(
-    {"Convolution", "Deconvolution", "InnerProduct", "Pooling", "ReLU", "Dropout", "Concat",
-     "Slice", "Flatten", "Reshape", "Crop", "Eltwise", "Scale", "Bias"}
-)  # fmt: skip
-
 _MATMUL = {"fp32": "highest", "tf32": "tensorfloat32", "bf16": "default"}
-_DEFAULT: contextvars.ContextVar[str] = contextvars.ContextVar("precision", default="fp32")
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,10 @@ class Precision:
         """The ``jax.default_matmul_precision`` layers are traced under."""
         return _MATMUL[self.name]
 
-    def layer_dtype(self, layer_type: str, dtype: Any) -> Any:
-        """The dtype a layer of ``layer_type`` computes in, for a net of ``dtype``."""
-        if self.name == "bf16" and layer_type in BF16_TYPES:
+    def layer_dtype(self, bf16: bool, dtype: Any) -> Any:
+        """The dtype a layer computes in, for a net of ``dtype`` (``bf16``: its type is
+        registered as computing in bfloat16 under this precision)."""
+        if self.name == "bf16" and bf16:
             return jnp.dtype(jnp.bfloat16)
         return dtype
 
@@ -75,19 +70,7 @@ def cast(x: Any, dtype: Any) -> Any:
 
 
 def resolve(name: str | Precision | None) -> Precision:
-    """``name`` checked, or the precision of the innermost :func:`default_precision` scope."""
+    """``name`` checked (None: fp32, Caffe's)."""
     if isinstance(name, Precision):
         return name
-    return Precision(name if name is not None else _DEFAULT.get())
-
-
-@contextlib.contextmanager
-def default_precision(name: str) -> Iterator[Precision]:
-    """Nets compiled inside this scope without an explicit ``precision`` use ``name``
-    (the CLI's ``--precision`` reaches nets built deep inside the training loop this way)."""
-    checked = Precision(name)
-    token = _DEFAULT.set(checked.name)
-    try:
-        yield checked
-    finally:
-        _DEFAULT.reset(token)
+    return Precision(name if name is not None else "fp32")

@@ -13,7 +13,7 @@ import numpy as np
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.data import DATA_LAYERS, data_layers
+from caffe2jax.lowering.registry import DATA_LAYERS, data_layers
 
 
 class MemoryData:

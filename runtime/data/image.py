@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.guards import check_resize
 from caffe2jax.runtime.data.image_header import check_image_size
@@ -79,7 +79,7 @@ def _pil_to_chw(im: Image.Image, mode: str) -> np.ndarray:
 @functools.cache
 def _cv2():
     """OpenCV's module when it decodes (installed, not turned off), else None."""
-    choice = os.environ.get("CAFFE2JAX_IMAGE_DECODER", "").lower()
+    choice = environment.value("CAFFE2JAX_IMAGE_DECODER").lower()
     if choice not in ("", "cv2", "pil"):
         raise DataError(f"CAFFE2JAX_IMAGE_DECODER={choice!r}: use cv2 or pil")
     if choice == "pil":

@@ -13,10 +13,10 @@ only.
 from __future__ import annotations
 
 import io
-import os
 import struct
 import warnings
 
+from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError
 
 # 2^28 pixels: 16384 × 16384, 805 MB decoded as BGR; ImageNet's largest image is ~1e8.
@@ -29,7 +29,7 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 
 def max_image_pixels() -> int:
     """The largest image decoded: ``CAFFE2JAX_MAX_IMAGE_PIXELS`` or 2^28 pixels."""
-    text = os.environ.get(_ENV, "")
+    text = environment.value(_ENV)
     try:
         return int(text) if text else DEFAULT_MAX_PIXELS
     except ValueError:

@@ -54,7 +54,7 @@ PIXEL_MEANS = np.array([102.9801, 115.9465, 122.7717], np.float32)
 
 
 def _options(layer: caffe_pb2.LayerParameter) -> dict:
-    from caffe2jax.lowering.proposal import parse_param_str
+    from caffe2jax.lowering.forks.rcnn_proposal import parse_param_str
 
     got = parse_param_str(layer.python_param.param_str)
     if "num_classes" not in got or "source" not in got:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.lowering.data import DATA_LAYERS, data_layers
+from caffe2jax.lowering.registry import DATA_LAYERS, data_layers
 from caffe2jax.runtime.data.base import (
     DataSource,
     ItemSource,
@@ -40,7 +40,7 @@ from caffe2jax.runtime.data.base import (
 from caffe2jax.runtime.data.data_layer import DataLayerSource
 from caffe2jax.runtime.data.image_data import ImageDataSource
 
-# The pipeline's data layer types that have a reader (lowering.data.DATA_LAYERS).
+# The pipeline's data layer types that have a reader (lowering.registry.DATA_LAYERS).
 SUPPORTED = tuple(t for t in data_layers("pipeline") if DATA_LAYERS[t].reader)
 
 __all__ = ["SUPPORTED", "DataLayerSource", "DataSource", "ImageDataSource", "ItemSource",

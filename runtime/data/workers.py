@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError
 
 _ENV = "CAFFE2JAX_DATA_WORKERS"
@@ -91,7 +92,7 @@ def default_workers() -> int:
     :func:`available_cores`."""
     if _default is not None:
         return _default
-    text = os.environ.get(_ENV, "")
+    text = environment.value(_ENV)
     if text:
         try:
             count = int(text)

@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.frontend.dialect import Dialect, choose
-from caffe2jax.frontend.dialects import FORKS, FORKS_BY_KEY
+from caffe2jax.frontend.forks.catalog import FORKS, FORKS_BY_KEY
+from caffe2jax.frontend.forks.dialect import Dialect, choose
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.frontend.upgrade import V1_LAYER_TYPES
 from caffe2jax.runtime.formats.blobproto import (

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import WeightsError
+from caffe2jax.frontend.forks.dialect import get
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream
 from caffe2jax.runtime.formats.blobproto import (

@@ -12,7 +12,7 @@ one into the last (Caffe's linear search vs ``layer_names_index_``). The format 
 its bytes (HDF5's signature), not by the file name.
 
 Forks: a binary file is read with the numbers of the fork that wrote it, its *dialect*
-(:mod:`caffe2jax.frontend.dialect`): by default the one the net's prototxt points to
+(:mod:`caffe2jax.frontend.forks.dialect`): by default the one the net's prototxt points to
 (``model.net.dialect``), or ``dialect=``. Only names, types and blobs are read (layer
 parameters come from the prototxt); the dialect decides the BlobProto layout (C3D v1.0's 5-D
 blobs) and the meaning of V1 type numbers. A blob laid out in another dialect, or a V1 type
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from caffe2jax.frontend.dialect import Dialect, dialect_names, get
 from caffe2jax.frontend.errors import CaffeError, WeightsError
+from caffe2jax.frontend.forks.dialect import Dialect, dialect_names, get
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime.formats import caffemodel_h5 as weights_hdf5
 from caffe2jax.runtime.formats.atomic import atomic_stream

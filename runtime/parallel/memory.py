@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError, NetError
 from caffe2jax.lowering.limits import shape_problem, show_shape
 
@@ -132,7 +133,7 @@ def _cgroup_dir_budget(folder: Path) -> Budget | None:
 
 def _cgroup_folders() -> list[Path]:
     """The process's memory cgroup folders (v2 and v1), innermost first, ancestors after."""
-    override = os.environ.get(CGROUP_ENV)
+    override = environment.value(CGROUP_ENV)
     if override:
         return [Path(override)]
     try:

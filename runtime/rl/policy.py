@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.lowering import memory_loss
+from caffe2jax.lowering.forks import mycaffe as memory_loss
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.util import count

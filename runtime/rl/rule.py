@@ -24,7 +24,7 @@ Reproduced behaviour (MyCaffe/MyCaffe, ``MyCaffe.trainers/pg.st/TrainerPG.cs`` a
   (no normalisation); both multiplied by the standardised discounted reward — so Caffe's
   ``w −= lr·diff`` raises the probability of actions followed by above-average returns;
 * MemoryLoss's backward then scales the diff by ``loss_weight / normalizer`` (see
-  :mod:`caffe2jax.lowering.memory_loss`; by default the normaliser is the episode length);
+  :mod:`caffe2jax.lowering.forks.mycaffe`; by default the normaliser is the episode length);
 * the parameter diffs of ``batch_size`` episodes are summed before one ``ApplyUpdate``.
 """
 

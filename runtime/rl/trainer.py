@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering import memory_loss  # noqa: F401 - registers MemoryLoss
+from caffe2jax.lowering.forks import mycaffe as memory_loss  # noqa: F401 - registers MemoryLoss
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net

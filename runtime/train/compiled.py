@@ -35,8 +35,8 @@ class CompiledNet:
 
     @classmethod
     def build(cls, source: Any, phase: str, *, level: int = 0, stages: Sequence[str] = (),
-              state: Any = None, base_dir: Path, seed: int,
-              dtype: Any = np.float32, dialect: str | None = None) -> CompiledNet:  # fmt: skip
+              state: Any = None, base_dir: Path, seed: int, dtype: Any = np.float32,
+              dialect: str | None = None, precision: str | None = None) -> CompiledNet:  # fmt: skip
         """Caffe's Net::Init for ``source`` (a path, prototxt text or NetParameter) in
         ``phase``/``level``/``stages`` (or a NetState ``state``): data layers opened relative
         to ``base_dir`` with ``seed``, the model compiled for the shapes they give."""
@@ -47,7 +47,8 @@ class CompiledNet:
         shapes = feeder.input_shapes()
         for layer in host:
             shapes.update(layer.shapes())
-        return cls(Model(net, shapes, dtype), feeder, Sinks(net), jax.random.key(seed), host)
+        model = Model(net, shapes, dtype, precision)
+        return cls(model, feeder, Sinks(net), jax.random.key(seed), host)
 
     def next_inputs(self) -> dict[str, Any]:
         """The inputs of the next forward: each data layer's next batch, and the tops of the

@@ -5,10 +5,10 @@ output blob and class, then the mean average precision logged as the fork logs i
     class1: 0.72            (with show_per_class_result)
         Test net output #0: detection_eval = 0.6843
 
-Rows of a DetectionEvaluate top (lowering/detection_evaluate.py): item −1 rows add num_pos to
-their class; other rows add a (score, tp) and a (score, fp) pair unless tp = fp = 0 (a match
-to a difficult gt, or caffe2jax's padding rows). mAP = Σ AP / (number of classes with a
-num_pos row), classes with no detection counting 0 (the fork warns "Missing true_pos").
+Rows of a DetectionEvaluate top (lowering/forks/ssd_detection_evaluate.py): item −1 rows add num_pos
+to their class; other rows add a (score, tp) and a (score, fp) pair unless tp = fp = 0 (a match to a
+difficult gt, or caffe2jax's padding rows). mAP = Σ AP / (number of classes with a num_pos row),
+classes with no detection counting 0 (the fork warns "Missing true_pos").
 """
 
 from __future__ import annotations

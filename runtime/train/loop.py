@@ -50,9 +50,13 @@ class SolverLoop:
     """A Caffe solver over a train net and its test nets, driving a :class:`TrainState`."""
 
     def __init__(self, source: Any, *, logger: logging.Logger | None = None,
-                 devices: str | int | Sequence[int] | None = None):  # fmt: skip
+                 devices: str | int | Sequence[int] | None = None,
+                 precision: str | None = None):  # fmt: skip
         """``devices`` (Caffe's ``-gpu``: ``"all"``, ``"0,1"``, ids) trains data-parallel on
-        a mesh of them, each running the net's batch_size; ``None``: the default device."""
+        a mesh of them, each running the net's batch_size; ``None``: the default device.
+        ``precision`` (``"fp32"``, ``"tf32"``, ``"bf16"``; None: fp32) is how the train and
+        test nets' layers compute (lowering/engines/precision.py)."""
+        self.precision = precision
         self.mesh = make_mesh(devices) if devices is not None else None
         self.param, self.folder = read_solver_param(source)
         self.log = logger or log
@@ -92,9 +96,10 @@ class SolverLoop:
         train_state = p.train_state if p.HasField("train_state") else None
         self.train = CompiledNet.build(
             train, ir.TRAIN, state=net_state(caffe_pb2.TRAIN, train, train_state),
-            base_dir=self.folder, seed=self.seed)  # fmt: skip
+            base_dir=self.folder, seed=self.seed, precision=self.precision)  # fmt: skip
         self.tests = [
             CompiledNet.build(net, ir.TEST, base_dir=self.folder, seed=self.seed,
+                              precision=self.precision,
                               state=net_state(caffe_pb2.TEST, net,
                                               p.test_state[i] if p.test_state else None))
             for i, net in enumerate(tests)

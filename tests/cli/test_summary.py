@@ -12,7 +12,7 @@ import pytest
 from caffe2jax.cli.main import main
 from tests.cli_runner import run_cli
 from tests.forks import FORK_MODELS, model_names
-from tests.frontend.test_forks_schema import PHASES
+from tests.frontend.forks.test_catalog import PHASES
 
 
 def _summary(capsys, *args) -> str:

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import descriptor, text_format, unknown_fields
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.dialect_schema import schema
+from caffe2jax.frontend.forks.schema import schema
 from tests.golden import GOLDEN, MODELS, ROOT, require
 
 FD = descriptor.FieldDescriptor
@@ -271,7 +271,7 @@ def test_packed_and_required_labels():
 
 
 def test_bvlc_numbering_is_bvlcs_without_the_fork_fields():
-    # caffe.proto also holds the forks' fields (tests/frontend/test_forks_schema.py); BVLC's
+    # caffe.proto also holds the forks' fields (tests/frontend/forks/test_catalog.py); BVLC's
     # numbering (the "bvlc" dialect) is exactly BVLC's: LayerParameter ends at 148.
     layer = schema("bvlc", "LayerParameter").DESCRIPTOR
     numbers = {f.number for f in layer.fields}

@@ -14,6 +14,7 @@ from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import PrototxtError, SolverError
+from caffe2jax.frontend.forks.upgrade import FORK_V1_TYPES
 from caffe2jax.frontend.parse import read_net, read_solver
 from caffe2jax.frontend.upgrade import (
     V1_COPIED_PARAMS,
@@ -24,7 +25,6 @@ from caffe2jax.frontend.upgrade import (
     upgrade_solver,
     upgraded_text,
 )
-from caffe2jax.frontend.upgrade_forks import FORK_V1_TYPES
 from caffe2jax.frontend.upgrade_v0 import V0_IGNORED_FIELDS, V0_LAYER_TYPES
 from tests.golden import GOLDEN, MODELS, require
 

@@ -1,8 +1,8 @@
 """A slow, loop-by-loop NumPy transcription of the SSD fork's MultiBoxLoss (weiliu89/caffe
 multibox_loss_layer.cpp Forward_cpu/Backward_cpu with util/bbox_util.cpp GetGroundTruth,
 MatchBBox, FindMatches, MineHardExamples, EncodeLocPrediction, EncodeConfPrediction): the
-oracle for tests/lowering/test_multibox_loss.py. Sorting among equal losses is stable (lower
-prior first), the choice caffe2jax documents for the fork's unstable std::sort."""
+oracle for tests/lowering/forks/test_ssd_multibox_loss.py. Sorting among equal losses is stable
+(lower prior first), the choice caffe2jax documents for the fork's unstable std::sort."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ FORK_SWEEP = {
     + 'layer { name: "s" type: "SmoothL1Loss" bottom: "p" bottom: "t" bottom: "w" top: "y" }',
 }
 
-# CRNN (lowering/ctc.py): the inputs are ones, so the labels read "1 1" (T = 4 aligns them)
+# CRNN (lowering/forks/crnn.py): the inputs are ones, so the labels read "1 1" (T = 4 aligns them)
 FORK_SWEEP["CtcLoss"] = (
     _input("x", 4, 2, 3)
     + _input("label", 2, 2)
@@ -109,7 +109,8 @@ FORK_SWEEP["LabelsequenceAccuracy"] = (
     "labelsequence_accuracy_param { blank_label: 0 } }"
 )
 
-# R-FCN's OHEM layers (lowering/ohem.py), shaped as py-R-FCN's train_agnostic_ohem.prototxt
+# R-FCN's OHEM layers (lowering/forks/rfcn_ohem.py), shaped as py-R-FCN's
+# train_agnostic_ohem.prototxt
 FORK_SWEEP["SoftmaxWithLossOHEM"] = (
     _input("score", 4, 3)
     + _input("labels", 4, 1, 1, 1)

@@ -14,7 +14,7 @@ import pytest
 from caffe2jax.lowering.engines import conv_forms
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.model import compile as compile_net
-from tests.lowering.test_vision import conv_ref
+from tests.lowering.layers.test_vision import conv_ref
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -3,6 +3,8 @@ layers in bfloat16 while params, gradients and returned blobs stay float32."""
 
 from __future__ import annotations
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,11 +12,12 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.lowering.model import default_precision
 from caffe2jax.runtime.formats.weights import load_weights
+from caffe2jax.runtime.train.loop import SolverLoop
 from tests.golden import GOLDEN, require
 
 NETS = require(GOLDEN / "nets")
+SOLVERS = require(GOLDEN / "solvers")
 LENET = NETS / "lenet_train.prototxt"
 SHAPES = {"data": (8, 1, 28, 28), "label": (8,)}
 
@@ -65,12 +68,30 @@ def test_fp32_is_the_default_and_tf32_equals_it_without_tf32_units():
     np.testing.assert_allclose(got[0], ref[0], rtol=rtol)
 
 
-def test_default_precision_scope_reaches_nets_built_inside_and_reshape():
-    with default_precision("bf16"):
-        model = caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES)
+def test_the_precision_is_carried_by_the_model_and_every_reshape():
+    model = caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES, precision="bf16")
     assert model.precision == "bf16"
     assert model.reshape({"data": (2, 1, 28, 28), "label": (2,)}).precision == "bf16"
     assert caffe2jax.compile(LENET, "TRAIN", input_shapes=SHAPES).precision == "fp32"
+
+
+def test_the_solver_loop_passes_its_precision_to_the_nets_it_builds(tmp_path):
+    """One explicit value, like the engine policy: ``SolverLoop(..., precision=)`` (the CLI's
+    ``train --precision``) gives it to the train net and every test net; no scope reaches them."""
+    shutil.copytree(SOLVERS / "sgd_fixed", tmp_path / "case")
+    solver = tmp_path / "case" / "solver.prototxt"
+    loop = SolverLoop(str(solver), precision="bf16")
+    try:
+        assert [n.model.precision for n in [loop.train, *loop.tests]] == ["bf16"] * (
+            1 + len(loop.tests)
+        )
+    finally:
+        loop.close()
+    default = SolverLoop(str(solver))
+    try:
+        assert default.train.model.precision == "fp32"
+    finally:
+        default.close()
 
 
 def test_unknown_precision_names_the_supported_ones():

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.lowering import pooling
 from caffe2jax.lowering.engines.policy import EnginePolicy
+from caffe2jax.lowering.layers import pooling
 from caffe2jax.lowering.model import compile as compile_net
 from tests.golden import GOLDEN, load_npz, require
-from tests.lowering.test_golden_layers import rel_err
-from tests.lowering.test_pooling import (
+from tests.lowering.layers.test_pooling import (
     caffe_ave_pool,
     caffe_max_pool,
     max_pool_ties_route_to_first_max,
 )
+from tests.lowering.test_golden_layers import rel_err
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -73,7 +73,7 @@ def test_max_pool_reduce_window_forward_keeps_first_max(form, k, s, p):
 @pytest.mark.parametrize("producer,reads_once", [("LRN", True), ("ReLU", False)])
 def test_pooling_reads_an_expensive_bottom_once(producer, reads_once):
     """Behind LRN (power per element) pooling uses reduce_window, which reads its input once;
-    behind ReLU it uses the k_h·k_w strided views XLA fuses (lowering/pooling.py
+    behind ReLU it uses the k_h·k_w strided views XLA fuses (lowering/layers/pooling.py
     EXPENSIVE_PRODUCERS, decided when the net is planned)."""
     text = f"""
 input: "x" input_shape {{ dim: 1 dim: 4 dim: 9 dim: 9 }}

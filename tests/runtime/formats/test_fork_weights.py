@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.frontend.dialect import get
 from caffe2jax.frontend.errors import WeightsError
+from caffe2jax.frontend.forks.dialect import get
 from caffe2jax.runtime.formats.blobproto import Scanner, read_blob
 from caffe2jax.runtime.formats.caffemodel import read_layers
 from caffe2jax.runtime.formats.convert import convert_weights

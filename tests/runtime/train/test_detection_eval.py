@@ -55,7 +55,7 @@ def test_equal_scores_keep_their_order():
     assert compute_ap(tp[::-1], 1, fp[::-1], "Integral") == pytest.approx(1.0)
 
 
-# DetectionEvaluate's top for tests/lowering/test_detection_evaluate.py's batch
+# DetectionEvaluate's top for tests/lowering/forks/test_ssd_detection_evaluate.py's batch
 ROWS = np.array([[-1, 1, 2, -1, -1], [-1, 2, 1, -1, -1], [0, 1, .9, 0, 1], [0, 1, .8, 1, 0],
                  [0, 1, .7, 0, 1], [0, 1, .6, 0, 0], [0, 2, .5, 1, 0], [1, 1, .95, 1, 0],
                  [1, 2, .4, 0, 1], [-2, -1, 0, 0, 0]], np.float32).reshape(1, 1, -1, 5)  # fmt: skip

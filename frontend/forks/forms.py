@@ -1,0 +1,205 @@
+"""Layer forms: which of a type string's meanings a layer has, decided once, here.
+
+Some type strings name different layers in different forks. The frontend decides the form of
+every such layer from its prototxt (the fields it sets, its bottom count) and, where the text
+alone cannot tell, from the net's dialect; ``ir.Layer.form`` holds the answer, and the
+lowering registry finds the layer's entry by (type, form) (each form registered in its fork's
+module, lowering/forks/). A form never depends on a binary file.
+
+=================  =============  ============================================================
+type               form           meaning
+=================  =============  ============================================================
+BN                 ``segnet``     SegNet / ENet: blobs [scale, shift] (1,C,1,1); ``bn_mode``
+                                  LEARN (batch statistics in every phase, eps 1e-9) or
+                                  INFERENCE (y = scale*x + shift)
+BN                 ``pspnet``     PSPNet: blobs [slope, bias, mean, variance]; ``momentum``,
+                                  ``eps``, ``frozen``
+Upsample           ``max_unpool`` SegNet / ENet: bottoms [values, Pooling mask top];
+                                  scale/scale_h/scale_w/pad_out_*/upsample_h/w
+Upsample           ``nearest``    YOLO ports (darknet2caffe, eric612): one bottom, ``scale``
+                                  (1 when unset: the upgrade writes it out)
+SmoothL1Loss       ``rcnn``       Faster R-CNN / R-FCN: ``sigma``, bottoms pred, target
+                                  [, inside weights, outside weights]
+SmoothL1Loss       ``ssd``        SSD: no parameter, bottoms pred, target [, weights]; the
+                                  weights are not applied in backward. (With two bottoms and
+                                  no sigma both forms compute the same values and gradients.)
+Dropout            ``scale_train`` Faster R-CNN: ``scale_train`` is set (false: no 1/(1-p) in
+                                  TRAIN, x*(1-p) in TEST)
+Dropout            ``sample_test`` SegNet / ENet: ``sample_weights_test`` is set (true: drop in
+                                  TEST too)
+SoftmaxWithLoss    ``segnet``     ``weight_by_label_freqs`` / ``class_weighting`` are set
+VideoData          ``c3d``        C3D's clip reader (``video_data_param`` source, new_length..)
+VideoData          ``c3d-v1.0``   the same, upgraded from C3D v1.0's V1 VIDEO_DATA
+VideoData          ``ssd``        SSD's webcam / video-file reader (video_type, device_id...)
+Convolution3D,     ``c3d-v1.0``   upgraded from C3D v1.0 (its mean file and blobs are 5-D
+Pooling3D                         C3D v1.0 BlobProtos); ``""`` for C3D v1.1
+Interp,            ``deeplab-v1`` DeepLab v1 (exactly one of zoom/shrink/height+width);
+ImageSegData                      ``""``: PSPNet / DeepLab v2 rules
+Pooling            ``darknet2caffe``  darknet2caffe's Caffe: one more output row and column
+                                  when (kernel - stride) is odd (yolov3-tiny's 2x2/1 pools)
+Python             ``rfcn``       py-R-FCN's ``rpn.proposal_layer`` / ``rpn.proposal_target_
+                                  layer`` (same module names as py-faster-rcnn's; its
+                                  rfcn_end2end_ohem.yml config, 4-D class-agnostic targets of
+                                  every proposal): a net of the R-FCN dialect (PSROIPooling,
+                                  OHEM layers) without Faster R-CNN's
+=================  =============  ============================================================
+
+Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
+turns it into ``round_mode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.forks.dialect import Dialect
+
+Param = caffe_pb2.LayerParameter
+
+SEGNET_BN = ("scale_filler", "shift_filler", "bn_mode")
+PSPNET_BN = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine")
+SEGNET_UPSAMPLE = ("scale_h", "scale_w", "pad_out_h", "pad_out_w", "upsample_h", "upsample_w")
+SSD_VIDEO = ("video_type", "device_id", "video_file", "skip_frames")
+
+
+def _set(msg, names) -> list[str]:
+    return [n for n in names if msg.HasField(n)]
+
+
+def _bn(param: Param, dialect: Dialect) -> str:
+    segnet, pspnet = _set(param.bn_param, SEGNET_BN), _set(param.bn_param, PSPNET_BN)
+    if segnet and pspnet:
+        raise ValueError(
+            f"bn_param mixes SegNet's BN fields ({', '.join(segnet)}) with PSPNet's "
+            f"({', '.join(pspnet)}); a BN layer is one or the other"
+        )
+    if segnet or pspnet:
+        return "segnet" if segnet else "pspnet"
+    if dialect.has("pspnet") != dialect.has("segnet", "enet"):
+        return "pspnet" if dialect.has("pspnet") else "segnet"
+    raise ValueError(
+        "its bn_param sets none of SegNet's fields (bn_mode, scale_filler, shift_filler) or "
+        "PSPNet's (slope_filler, bias_filler, momentum, eps, frozen), so it may be either BN "
+        "layer; pass dialect='segnet' or dialect='pspnet'"
+    )
+
+
+def _upsample(param: Param, dialect: Dialect) -> str:
+    if len(param.bottom) == 2:
+        return "max_unpool"
+    segnet = _set(param.upsample_param, SEGNET_UPSAMPLE)
+    if segnet:
+        raise ValueError(
+            f"it sets SegNet's max-unpooling fields ({', '.join(segnet)}) but has "
+            f"{len(param.bottom)} bottom(s); SegNet's Upsample takes two (the values and the "
+            "Pooling layer's mask top), the YOLO ports' nearest-neighbour Upsample one and "
+            "only `scale`"
+        )
+    return "nearest"
+
+
+def _smooth_l1(param: Param, dialect: Dialect) -> str:
+    if param.HasField("smooth_l1_loss_param") or len(param.bottom) == 4:
+        return "rcnn"
+    if len(param.bottom) == 3:
+        return "ssd"
+    ssd_like = dialect.has("ssd", "eric612", "darknet2caffe")
+    return "ssd" if ssd_like and not dialect.has("frcnn", "rfcn") else "rcnn"
+
+
+def _dropout(param: Param, dialect: Dialect) -> str:
+    p = param.dropout_param
+    if p.HasField("scale_train") and p.HasField("sample_weights_test"):
+        raise ValueError(
+            "dropout_param sets both Faster R-CNN's scale_train and SegNet's "
+            "sample_weights_test; no fork has both"
+        )
+    if p.HasField("scale_train"):
+        return "scale_train"
+    return "sample_test" if p.HasField("sample_weights_test") else ""
+
+
+def _softmax_loss(param: Param, dialect: Dialect) -> str:
+    p = param.loss_param
+    return "segnet" if p.HasField("weight_by_label_freqs") or len(p.class_weighting) else ""
+
+
+def _video_data(param: Param, dialect: Dialect) -> str:
+    if _set(param.video_data_param, SSD_VIDEO):
+        return "ssd"
+    return "c3d-v1.0" if dialect.has("c3d-v1.0") else "c3d"
+
+
+def _c3d(param: Param, dialect: Dialect) -> str:
+    return "c3d-v1.0" if dialect.has("c3d-v1.0") else ""
+
+
+def _deeplab(param: Param, dialect: Dialect) -> str:
+    v2 = dialect.has("deeplab-v2", "pspnet")
+    return "deeplab-v1" if dialect.has("deeplab-v1") and not v2 else ""
+
+
+def _pooling(param: Param, dialect: Dialect) -> str:
+    return "darknet2caffe" if dialect.has("darknet2caffe") else ""
+
+
+#: Python layer modules whose py-R-FCN version differs from py-faster-rcnn's.
+RFCN_MODULES = ("rpn.proposal_layer", "rpn.proposal_target_layer")
+
+
+def _python(param: Param, dialect: Dialect) -> str:
+    rfcn = dialect.has("rfcn") and not dialect.has("frcnn")
+    return "rfcn" if rfcn and param.python_param.module in RFCN_MODULES else ""
+
+
+_RULES: dict[str, Callable[[Param, Dialect], str]] = {
+    "BN": _bn,
+    "Upsample": _upsample,
+    "SmoothL1Loss": _smooth_l1,
+    "Dropout": _dropout,
+    "SoftmaxWithLoss": _softmax_loss,
+    "VideoData": _video_data,
+    "Convolution3D": _c3d,
+    "Pooling3D": _c3d,
+    "Interp": _deeplab,
+    "ImageSegData": _deeplab,
+    "Pooling": _pooling,
+    "Python": _python,
+}
+
+#: The forms each type can take (documentation for the lowering; see the table above).
+FORMS: dict[str, tuple[str, ...]] = {
+    "BN": ("segnet", "pspnet"),
+    "Upsample": ("max_unpool", "nearest"),
+    "SmoothL1Loss": ("rcnn", "ssd"),
+    "Dropout": ("", "scale_train", "sample_test"),
+    "SoftmaxWithLoss": ("", "segnet"),
+    "VideoData": ("c3d", "c3d-v1.0", "ssd"),
+    "Convolution3D": ("", "c3d-v1.0"),
+    "Pooling3D": ("", "c3d-v1.0"),
+    "Interp": ("", "deeplab-v1"),
+    "ImageSegData": ("", "deeplab-v1"),
+    "Pooling": ("", "darknet2caffe"),
+    "Python": ("", "rfcn"),
+}
+assert set(FORMS) == set(_RULES)
+
+
+def layer_form(param: Param, dialect: Dialect) -> str:
+    """The form of the layer ``param`` describes in a net of ``dialect`` ("" if only one).
+
+    Raises ValueError (the problem, for the caller to locate) when the prototxt contradicts
+    itself or cannot tell the forms apart.
+    """
+    rule = _RULES.get(param.type)
+    return rule(param, dialect) if rule else ""
+
+
+def check_form(param: Param, dialect: Dialect, where: str = "") -> str:
+    """:func:`layer_form`, with its problems as a NetError naming the layer."""
+    try:
+        return layer_form(param, dialect)
+    except ValueError as err:
+        raise NetError(f"{where}layer '{param.name}' (type {param.type}): {err}") from None

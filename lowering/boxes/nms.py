@@ -1,0 +1,78 @@
+"""Greedy non-maximum suppression with static shapes, as the detection forks compute it.
+
+Detection layers keep a data-dependent number of boxes; a compiled program cannot. The helpers
+here work on fixed-size candidate lists with a validity mask and return masks and padded
+compactions, never a shape that depends on the data:
+
+* :func:`ranked` — the candidates above a threshold, sorted by score descending with ties in
+  index order (std::stable_sort, as SSD's GetMaxScoreIndex), cut to ``top_k``;
+* :func:`greedy_keep` — SSD's ApplyNMSFast on a ranked list: a candidate is kept when its
+  IoU with every kept one is ≤ the threshold (adaptive with ``eta`` as SSD: after each keep,
+  if eta < 1 and threshold > 0.5, threshold *= eta); :func:`greedy_keep_rows` the same
+  (or ≥-suppression, the YOLO forks') with IoU rows computed on the fly, for long lists
+  (py-faster-rcnn's nms with ``iou_row(RCNN_NMS)``);
+* :func:`compact` — the rows flagged kept moved to the front in order, the rest padding.
+
+The overlaps come from :mod:`caffe2jax.lowering.boxes.iou`, in the caller's fork's convention.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def ranked(scores: jax.Array, valid: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """(indices, valid) of the ``top_k`` best valid scores of the last axis, descending, ties
+    by index (a stable sort); slots past the valid ones are flagged invalid."""
+    key = jnp.where(valid, -scores, jnp.inf)
+    order = jnp.argsort(key, axis=-1, stable=True)[..., :top_k]
+    return order, jnp.take_along_axis(valid, order, axis=-1)
+
+
+def greedy_keep(iou: jax.Array, valid: jax.Array, threshold: float, eta: float = 1.0):
+    """Keep flags (..., M) of greedy NMS over candidates already in rank order.
+
+    ``iou`` is (..., M, M); ``valid`` (..., M). NaN overlaps (two empty boxes) are not ≤ the
+    threshold, so they suppress, as the C++ comparison does."""
+    m = valid.shape[-1]
+    thr0 = jnp.full(valid.shape[:-1], threshold, iou.dtype)
+
+    def step(i, carry):
+        keep, thr = carry
+        row = lax.dynamic_index_in_dim(iou, i, axis=-2, keepdims=False)
+        ok = jnp.all(jnp.where(keep, row <= thr[..., None], True), axis=-1)
+        k = lax.dynamic_index_in_dim(valid, i, axis=-1, keepdims=False) & ok
+        keep = keep.at[..., i].set(k)
+        if eta < 1.0:
+            thr = jnp.where(k & (thr > 0.5), thr * eta, thr)
+        return keep, thr
+
+    keep, _ = lax.fori_loop(0, m, step, (jnp.zeros_like(valid), thr0))
+    return keep
+
+
+def compact(rows: jax.Array, keep: jax.Array, size: int, fill: jax.Array) -> jax.Array:
+    """(size, D): the rows of (R, D) ``rows`` flagged in ``keep`` in order, then ``fill`` rows
+    (kept rows past ``size`` are dropped)."""
+    pos = jnp.cumsum(keep) - 1
+    target = jnp.where(keep & (pos < size), pos, size)
+    out = jnp.broadcast_to(fill, (size + 1, rows.shape[-1])).astype(rows.dtype)
+    return out.at[target].set(rows, mode="drop")[:size]
+
+
+def greedy_keep_rows(boxes, valid, threshold: float, iou_row, strict: bool = False):
+    """Greedy NMS as :func:`greedy_keep` with each IoU row computed when its candidate comes
+    up (``iou_row(box, boxes) -> (M,)``): O(M) memory for long candidate lists. ``strict``:
+    a candidate is suppressed when IoU ≥ threshold (the YOLO forks' ApplyNms; a NaN IoU then
+    suppresses nothing), else when IoU > threshold."""
+    m = valid.shape[-1]
+
+    def step(i, keep):
+        row = iou_row(boxes[i], boxes)
+        hit = (row >= threshold) if strict else ~(row <= threshold)
+        k = valid[i] & ~jnp.any(keep & hit)
+        return keep.at[i].set(k)
+
+    return lax.fori_loop(0, m, step, jnp.zeros_like(valid))

@@ -1,0 +1,111 @@
+"""py-R-FCN's Python layers as built-ins, in their form ``rfcn`` (frontend/forks/forms.py):
+``rpn.proposal_target_layer.ProposalTargetLayer`` and ``rpn.proposal_layer.ProposalLayer``
+(py-faster-rcnn's code, lowering/forks/rcnn_proposal.py, run with py-R-FCN's config).
+
+py-R-FCN (YuwenXiong/py-R-FCN lib/rpn/proposal_target_layer.py) ships a layer under the same
+module and class name as py-faster-rcnn's, run with experiments/cfgs/rfcn_end2end_ohem.yml.
+The frontend gives the layer the form ``"rfcn"`` in a net of the R-FCN dialect
+(frontend/forks/forms.py); there these versions run. The proposal target layer reproduces:
+
+* ``BATCH_SIZE: -1``: no sampling — every candidate (each proposal and each gt box) is kept;
+  with ``BG_THRESH_LO: 0.0`` every candidate is fg (max IoU ≥ ``FG_THRESH`` 0.5, label of its
+  gt) or bg (label 0). Order: the fg in random order, then the bg in random order (the
+  original's ``npr.choice`` of all of them without replacement).
+* ``AGONISTIC: True``: class-agnostic regression — a fg roi's targets and inside weights go
+  to slot 1 (columns 4..8) of the 4·``num_classes`` columns whatever its class (the prototxt
+  sets ``num_classes`` 2); outside weights are ``inside > 0``.
+* ``BBOX_NORMALIZE_TARGETS_PRECOMPUTED``: targets normalised by means 0 and stds
+  (0.1, 0.1, 0.2, 0.2).
+* 4-D tops (py-R-FCN's "modified by ywxiong" reshapes): rois (R, 5, 1, 1), labels
+  (R, 1, 1, 1), targets and weights (R, 4K, 1, 1).
+
+Fixed shapes: R is the proposal rows plus the gt rows (300 + G with the R-FCN proposal layer in
+TRAIN). py-R-FCN's R is the number of real candidates; the rows after them here are padding:
+rois all zeros, label −1, targets and weights 0. In the R-FCN train net a padding row adds
+nothing: SoftmaxWithLossOHEM gives a negative label loss 0 (see lowering/forks/rfcn_ohem.py), so its
+per-roi loss is 0 and BoxAnnotatorOHEM ranks it after every real roi of equal loss; if it is
+kept, its label −1 is the final losses' ``ignore_label`` and its bbox weights are 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from caffe2jax.frontend import ir
+from caffe2jax.lowering.boxes.coders import bbox_transform
+from caffe2jax.lowering.boxes.iou import RCNN, iou
+from caffe2jax.lowering.forks.rcnn_proposal import proposal_layer
+from caffe2jax.lowering.forks.rcnn_targets import (
+    PROPOSAL_CFG,
+    gt_rows,
+    num_classes,
+    rois_valid,
+)
+from caffe2jax.lowering.python_layer import register_builtin_python_layer
+from caffe2jax.lowering.util import fail
+
+#: cfg.TRAIN with rfcn_end2end_ohem.yml (BATCH_SIZE −1 and AGONISTIC are built in).
+RFCN_CFG = dict(PROPOSAL_CFG, BG_THRESH_LO=0.0)
+
+
+def rfcn_order(fg: jax.Array, bg: jax.Array, key: jax.Array) -> jax.Array:
+    """Indices of every row: the fg in random order, the bg in random order, then the rest."""
+    u = jax.random.uniform(key, fg.shape)
+    return jnp.argsort(jnp.where(fg, u, jnp.where(bg, 1.0 + u, 3.0 + u)))
+
+
+def rfcn_proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=RFCN_CFG):
+    """py-R-FCN's ProposalTargetLayer (module docstring): tops rois (R, 5, 1, 1), labels
+    (R, 1, 1, 1), bbox_targets, inside and outside weights (R, 4K, 1, 1)."""
+    if len(bottoms) != 2 or len(layer.tops) != 5:
+        raise fail(layer, "ProposalTargetLayer takes bottoms (rpn_rois, gt_boxes) and gives 5 "
+                          f"tops; got {len(bottoms)} and {len(layer.tops)}")  # fmt: skip
+    classes = num_classes(layer)
+    if classes < 2:
+        raise fail(layer, f"num_classes {classes}: py-R-FCN's class-agnostic targets need 2 "
+                          "(background and object)")  # fmt: skip
+    dtype = jnp.float32
+    rois = lax.stop_gradient(bottoms[0]).reshape(-1, 5).astype(dtype)
+    gt, valid = gt_rows(bottoms[1], dtype)
+    labels_gt = lax.stop_gradient(bottoms[1]).reshape(-1, 5)[:, 4].astype(jnp.int32)
+    as_rois = jnp.concatenate([jnp.zeros((gt.shape[0], 1), dtype), gt], axis=1)
+    all_rois = jnp.concatenate([rois, as_rois])
+    cand = jnp.concatenate([rois_valid(rois), valid])
+    ov = jnp.where(valid[None, :], iou(all_rois[:, 1:], gt, RCNN), 0.0)
+    assign, max_ov = jnp.argmax(ov, axis=1), jnp.max(ov, axis=1)
+    fg = cand & (max_ov >= cfg["FG_THRESH"])
+    bg = cand & (max_ov < cfg["BG_THRESH_HI"]) & (max_ov >= cfg["BG_THRESH_LO"])
+    order = rfcn_order(fg, bg, ctx.key())
+    is_fg, real = fg[order], (fg | bg)[order]
+    out_rois = jnp.where(real[:, None], all_rois[order], 0.0)
+    gt_of = assign[order]
+    labels = jnp.where(is_fg, labels_gt[gt_of], jnp.where(real, 0, -1))
+    t = bbox_transform(out_rois[:, 1:], gt[gt_of])
+    t = (t - jnp.asarray(cfg["BBOX_NORMALIZE_MEANS"])) / jnp.asarray(cfg["BBOX_NORMALIZE_STDS"])
+    slot = (jnp.arange(classes) == 1)[None, :, None] & is_fg[:, None, None]
+    n = out_rois.shape[0]
+    targets = jnp.where(slot, t[:, None, :], 0.0).reshape(n, 4 * classes)
+    w_in = jnp.where(slot, jnp.asarray(cfg["BBOX_INSIDE_WEIGHTS"]), 0.0).reshape(n, 4 * classes)
+    tops = [out_rois, labels.astype(dtype), targets, w_in, (w_in > 0).astype(dtype)]
+    return [lax.stop_gradient(x.reshape(n, -1, 1, 1).astype(ctx.dtype)) for x in tops]
+
+
+register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer",
+                              rfcn_proposal_target_layer, form="rfcn")  # fmt: skip
+
+
+#: py-faster-rcnn's ProposalLayer config by phase run with py-R-FCN's rfcn_end2end_ohem.yml
+#: (RPN_PRE/POST_NMS_TOP_N 6000 / 300 in TRAIN): pre-NMS top N, post-NMS top N, NMS
+#: threshold, min size.
+RFCN_CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (6000, 300, 0.7, 16)}
+
+
+def rfcn_proposal_layer(layer: ir.Layer, params, bottoms, ctx):
+    """py-R-FCN's ProposalLayer: py-faster-rcnn's with :data:`RFCN_CONFIG`."""
+    return proposal_layer(layer, params, bottoms, ctx, config=RFCN_CONFIG)
+
+
+register_builtin_python_layer("rpn.proposal_layer", "ProposalLayer", rfcn_proposal_layer,
+                              form="rfcn")  # fmt: skip

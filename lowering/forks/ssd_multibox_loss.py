@@ -1,0 +1,298 @@
+"""SSD's MultiBoxLoss (weiliu89/caffe multibox_loss_layer.cpp, util/bbox_util.cpp), vectorised
+with static shapes inside the compiled step (no host round trip).
+
+Bottoms: loc (N, P·L·4) [prior][loc class][4] (L = 1 with ``share_location``), conf (N, P·C)
+raw scores [prior][class], prior (1, 2, P·4) from PriorBox, label (…, G, 8) rows [item_id,
+group_label, instance_id, xmin, ymin, xmax, ymax, difficult] with a fixed G: rows whose
+item_id is −1 are padding and ignored (lowering/boxes/matching.py). Per image:
+
+1. **Matching** (MatchBBox) of the priors (``use_prior_for_matching``) or the decoded
+   predictions against the image's ground truth (difficult boxes dropped unless
+   ``use_difficult_gt``): overlaps > 1e-6 are recorded; bipartite stage: repeatedly the
+   globally best (prior, gt) pair among unmatched priors and unused gts (ties: the lowest
+   prior, then the lowest gt, as the C++ loops find them); then with PER_PREDICTION every
+   still-unmatched prior takes its best gt (lowest index on ties) with overlap ≥
+   ``overlap_threshold``. ``ignore_cross_boundary_bbox`` marks priors outside [0, 1] ignored.
+2. **Mining**: MAX_NEGATIVE takes the min(trunc(num_pos·neg_pos_ratio), #eligible) unmatched
+   priors with max overlap < ``neg_overlap`` of highest confidence loss; HARD_EXAMPLE the
+   ``sample_size`` priors of highest conf + loc loss (positives not picked are dropped);
+   NONE scores every prior. The C++ sorts with std::sort (unstable): equal losses at the cut
+   are picked in an unspecified order there; here the lower prior index wins.
+3. **Loss** = loc_weight·LocLoss/norm + ConfLoss/norm. LocLoss: SmoothL1 (SSD's) or L2
+   (0.5·Σd²) over the matched priors' encoded targets (``code_type``); ConfLoss: softmax
+   (−log max(p, FLT_MIN)) or logistic cross-entropy summed over positives (gt label, or
+   background+1 with ``map_object_to_agnostic``) and mined negatives (background). norm =
+   max(1, num_matches | N·P | N | 1) for VALID | FULL | BATCH_SIZE | NONE (``normalization``,
+   else legacy ``normalize``; default VALID).
+
+Backward: matching and mining are constants; the gradients are the fork's — the true gradient
+of the loss except (a) the FLT_MIN clamp (Caffe's softmax backward ignores it) and (b) with
+``encode_variance_in_target`` Caffe copies the diff of pred/variance back to loc unscaled, so
+that division carries no gradient here either. The logistic targets start at
+``background_label_id`` (the fork fills the target blob with it before writing the ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.boxes.coders import decode_boxes, encode_boxes
+from caffe2jax.lowering.boxes.matching import ground_truth, match_boxes
+from caffe2jax.lowering.registry import register
+from caffe2jax.lowering.util import count, fail
+
+Mb = caffe_pb2.MultiBoxLossParameter
+_MODE = caffe_pb2.LossParameter
+_LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The multibox_loss_param and loss_param fields the loss reads."""
+
+    classes: int
+    shared: bool
+    background: int
+    per_prediction: bool
+    threshold: float
+    use_prior: bool
+    use_difficult: bool
+    mining: int
+    ratio: float
+    neg_overlap: float
+    sample_size: int
+    code: int
+    var_in_target: bool
+    agnostic: bool
+    cross: bool
+    bp_inside: bool
+    l2: bool
+    logistic: bool
+    loc_weight: float
+    normalization: int
+    loc_on: bool
+    conf_on: bool
+
+
+def _normalization(layer: ir.Layer) -> int:
+    lp = layer.param.loss_param
+    if not lp.HasField("normalization") and lp.HasField("normalize"):
+        return _MODE.VALID if lp.normalize else _MODE.BATCH_SIZE
+    return lp.normalization
+
+
+def _validate(layer: ir.Layer, p) -> None:
+    """The fork's LayerSetUp CHECKs, and the combinations caffe2jax refuses."""
+    if not p.HasField("num_classes") or p.num_classes < 1:
+        raise fail(layer, "must provide num_classes (at least 1)")
+    if p.HasField("do_neg_mining") and p.do_neg_mining != (p.mining_type != Mb.NONE):
+        raise fail(layer, "do_neg_mining (deprecated) contradicts mining_type")
+    if p.mining_type != Mb.NONE and not p.share_location:
+        raise fail(layer, "negative mining needs share_location: true (as in the fork)")
+    if p.conf_loss_type == Mb.SOFTMAX and p.background_label_id >= p.num_classes:
+        raise fail(layer, "background_label_id should be within [0, num_classes) for Softmax")
+    if p.map_object_to_agnostic and p.num_classes != 2:
+        raise fail(layer, "map_object_to_agnostic needs num_classes: 2")
+    if p.HasField("nms_param") and p.nms_param.nms_threshold > 0 and p.mining_type != Mb.NONE:
+        raise fail(layer, "NMS among mined examples (multibox_loss_param.nms_param) is not "
+                          "supported; remove nms_param")  # fmt: skip
+    if not p.share_location and not p.use_prior_for_matching:
+        raise fail(layer, "share_location: false with use_prior_for_matching: false is not "
+                          "supported (per-class matching of decoded predictions)")  # fmt: skip
+    if p.mining_type == Mb.HARD_EXAMPLE and p.sample_size <= 0:
+        raise fail(layer, "HARD_EXAMPLE mining needs sample_size > 0")
+
+
+def _settings(layer: ir.Layer) -> Settings:
+    p = layer.param.multibox_loss_param
+    _validate(layer, p)
+    down = layer.propagate_down
+    return Settings(
+        classes=p.num_classes, shared=p.share_location, background=p.background_label_id,
+        per_prediction=p.match_type == Mb.PER_PREDICTION, threshold=p.overlap_threshold,
+        use_prior=p.use_prior_for_matching, use_difficult=p.use_difficult_gt,
+        mining=p.mining_type, ratio=p.neg_pos_ratio, neg_overlap=p.neg_overlap,
+        sample_size=p.sample_size, code=p.code_type, var_in_target=p.encode_variance_in_target,
+        agnostic=p.map_object_to_agnostic, cross=p.ignore_cross_boundary_bbox,
+        bp_inside=p.bp_inside, l2=p.loc_loss_type == Mb.L2,
+        logistic=p.conf_loss_type == Mb.LOGISTIC, loc_weight=p.loc_weight,
+        normalization=_normalization(layer),
+        loc_on=down[0] if down else True, conf_on=down[1] if down else True,
+    )  # fmt: skip
+
+
+def _check(layer: ir.Layer, loc, conf, prior, label, s: Settings) -> tuple[int, int]:
+    """(N, P) after the fork's Reshape checks."""
+    if prior.ndim < 3 or prior.shape[-2] != 2 or prior.shape[-1] % 4:
+        raise fail(layer, f"prior bottom must be (1, 2, P·4), got {list(prior.shape)}")
+    n, p = loc.shape[0], prior.shape[-1] // 4
+    if conf.shape[0] != n:
+        raise fail(layer, f"loc {list(loc.shape)} and conf {list(conf.shape)} differ in num")
+    if count(loc.shape, 1) != p * (1 if s.shared else s.classes) * 4:
+        raise fail(layer, f"number of priors ({p}) must match number of location predictions "
+                          f"(loc {list(loc.shape)})")  # fmt: skip
+    if count(conf.shape, 1) != p * s.classes:
+        raise fail(layer, f"number of priors ({p}) must match number of confidence predictions "
+                          f"(conf {list(conf.shape)}, {s.classes} classes)")  # fmt: skip
+    if label.ndim < 1 or label.shape[-1] != 8:
+        raise fail(layer, f"label must be (1, 1, G, 8) rows, got {list(label.shape)}")
+    if s.logistic and s.mining == Mb.NONE and n > 1:
+        raise fail(layer, "LOGISTIC conf loss with mining_type NONE and a batch > 1: the fork "
+                          "writes image i's targets at the wrong offset (i·P instead of "
+                          "i·P·C), so its result is not reproducible; use mining")  # fmt: skip
+    return n, p
+
+
+def match_image(boxes, gt_boxes, valid, s: Settings):
+    """MatchBBox for one image with the layer's settings (lowering/boxes/matching.py
+    :func:`~caffe2jax.lowering.boxes.matching.match_boxes`)."""
+    return match_boxes(boxes, gt_boxes, valid, s.threshold, s.per_prediction, s.cross)
+
+
+def _per_prior_conf_loss(conf, target, s: Settings):
+    """ComputeConfLoss: each prior's loss against ``target`` (N, P) (a constant for mining)."""
+    if s.logistic:
+        t = jax.nn.one_hot(target, s.classes, dtype=conf.dtype)
+        return jnp.sum(jnp.maximum(conf, 0) - conf * t + jnp.log1p(jnp.exp(-jnp.abs(conf))), -1)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(conf, -1), target[..., None], -1)[..., 0]
+    return -jnp.maximum(picked, _LOG_FLT_MIN)
+
+
+def _top_mask(loss, eligible, k):
+    """The ``k`` eligible entries of highest loss per row (stable: lower index on ties)."""
+    order = jnp.argsort(jnp.where(eligible, -loss, jnp.inf), axis=-1, stable=True)
+    rank = (
+        jnp.zeros_like(order)
+        .at[jnp.arange(order.shape[0])[:, None], order]
+        .set(jnp.arange(order.shape[1])[None, :])
+    )
+    return eligible & (rank < k[:, None])
+
+
+def mine(match, overlap, mining_loss, has_gt, s: Settings):
+    """MineHardExamples: (positives, negatives) masks (N, P) after mining."""
+    pos = match > -1
+    if s.mining == Mb.NONE:
+        return pos, jnp.zeros_like(pos)
+    if s.mining == Mb.MAX_NEGATIVE:
+        eligible = (match == -1) & (overlap < s.neg_overlap)
+        num_pos = jnp.sum(pos, axis=1).astype(jnp.float32)
+        k = jnp.minimum((num_pos * np.float32(s.ratio)).astype(jnp.int32), jnp.sum(eligible, 1))
+        return pos, _top_mask(mining_loss, eligible, k) & has_gt[:, None]
+    k = jnp.full(match.shape[:1], min(s.sample_size, match.shape[1]))
+    chosen = _top_mask(mining_loss, jnp.ones_like(pos), k) & has_gt[:, None]
+    return pos & chosen, chosen & (match == -1)
+
+
+def _loc_pair(loc, priors, variances, matched_gt, boxes, s: Settings):
+    """EncodeLocPrediction: (prediction, target) per prior (N, P, 4), as the loss sees them."""
+    target = encode_boxes(priors, variances, matched_gt, s.code, s.var_in_target)
+    pred = loc
+    if s.bp_inside:
+        outside = (boxes < 0) | (boxes > 1)
+        pred = jnp.where(outside, target, pred)
+    if s.var_in_target:
+        # Caffe divides pred by the variance but copies the diff back unscaled: no gradient
+        # through the division.
+        pred = pred + lax.stop_gradient(pred / variances - pred)
+        target = target / variances
+    return pred, lax.stop_gradient(target)
+
+
+def _loc_terms(d, s: Settings):
+    """Elementwise SmoothL1 (SSD's, sigma 1) or L2 (EuclideanLoss: 0.5·d²) of d = pred − gt."""
+    if s.l2:
+        return 0.5 * d * d
+    ad = jnp.abs(d)
+    return jnp.where(ad < 1.0, 0.5 * d * d, ad - 0.5)
+
+
+def _conf_sum(conf, rows, target, s: Settings):
+    """The conf loss layer (SoftmaxWithLoss NONE / SigmoidCrossEntropyLoss) over ``rows``."""
+    if s.logistic:
+        t = jnp.full(conf.shape, float(s.background), conf.dtype)
+        t = jnp.where(jax.nn.one_hot(target, s.classes, dtype=bool), 1.0, t)
+        terms = jnp.maximum(conf, 0) - conf * t + jnp.log1p(jnp.exp(-jnp.abs(conf)))
+        return jnp.sum(jnp.where(rows[..., None], terms, 0.0))
+    picked = jnp.take_along_axis(jax.nn.log_softmax(conf, -1), target[..., None], -1)[..., 0]
+    nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
+    return jnp.sum(jnp.where(rows, nll, 0.0))
+
+
+def _normalizer(s: Settings, n: int, p: int, num_matches):
+    value = {_MODE.FULL: n * p, _MODE.VALID: num_matches, _MODE.BATCH_SIZE: n, _MODE.NONE: 1}
+    return jnp.maximum(jnp.asarray(value[s.normalization], jnp.float32), 1.0)
+
+
+def _matches(loc, priors, gt, s: Settings, n: int):
+    """Per image: (match, overlap, boxes matched against) with gt validity (N, G)."""
+    item = jnp.arange(n)[:, None]
+    valid = gt["present"] & (gt["item"][None, :] == item)
+    if not s.use_difficult:
+        valid = valid & ~gt["difficult"][None, :]
+    if s.use_prior:
+        boxes = jnp.broadcast_to(priors[0], (n,) + priors[0].shape)
+    else:
+        boxes = decode_boxes(priors[0], priors[1], lax.stop_gradient(loc), s.code, s.var_in_target)
+    match, overlap = jax.vmap(lambda b, v: match_image(b, gt["boxes"], v, s))(boxes, valid)
+    return match, overlap, boxes, valid
+
+
+def _targets(match, gt, valid, s: Settings):
+    """Matched gt boxes (N, P, 4) and labels (N, P); a NaN flag for labels the fork refuses."""
+    safe = jnp.maximum(match, 0)
+    labels = jnp.where(match > -1, gt["label"][safe], s.background)
+    bad_label = (gt["label"] == s.background) | (gt["label"] < 0) | (gt["label"] >= s.classes)
+    bad = jnp.any(valid & bad_label[None, :])
+    return gt["boxes"][safe], labels, bad
+
+
+def _losses(loc, conf, priors, boxes, match, overlap, gt, valid, s: Settings):
+    """(loc loss sum, conf loss sum, num_matches) after mining, and the NaN flag."""
+    matched_gt, labels, bad = _targets(match, gt, valid, s)
+    # unmatched priors get a finite dummy target (their terms are masked out; a padding
+    # row's log(0) would turn the masked gradient into NaN)
+    matched_gt = jnp.where((match > -1)[..., None], matched_gt, priors[0])
+    pred, target = _loc_pair(loc, priors[0], priors[1], matched_gt, boxes, s)
+    loc_terms = jnp.sum(_loc_terms(pred - target, s), -1)
+    mining_loss = _per_prior_conf_loss(lax.stop_gradient(conf), labels, s)
+    if s.mining == Mb.HARD_EXAMPLE:
+        mining_loss = mining_loss + jnp.where(match > -1, lax.stop_gradient(loc_terms), 0.0)
+    pos, neg = mine(match, overlap, lax.stop_gradient(mining_loss), jnp.any(valid, 1), s)
+    loc_sum = jnp.sum(jnp.where(pos, loc_terms, 0.0))
+    conf_target = jnp.where(pos, s.background + 1 if s.agnostic else labels, s.background)
+    rows = pos | neg if s.mining != Mb.NONE else jnp.ones_like(pos)
+    conf_sum = _conf_sum(conf, rows, conf_target, s)
+    return loc_sum, conf_sum, jnp.sum(pos), bad
+
+
+@register("MultiBoxLoss", counts=(4, 4, 1, 1), no_force_backward=(2, 3))
+def multibox_loss(layer, params, bottoms, ctx):
+    """MultiBoxLossLayer::Forward_cpu / Backward_cpu (module docstring)."""
+    s = _settings(layer)
+    loc, conf, prior, label = bottoms
+    n, p = _check(layer, loc, conf, prior, label, s)
+    priors = lax.stop_gradient(prior).reshape(-1, 2, p, 4)[0]
+    gt = ground_truth(label)
+    loc = loc.reshape(n, p, 1 if s.shared else s.classes, 4)
+    conf = conf.reshape(n, p, s.classes)
+    match, overlap, boxes, valid = _matches(loc[:, :, 0], priors, gt, s, n)
+    if not s.shared:
+        labels = jnp.where(match > -1, gt["label"][jnp.maximum(match, 0)], 0)
+        loc = jnp.take_along_axis(loc, jnp.clip(labels, 0, s.classes - 1)[..., None, None], 2)
+    loc_sum, conf_sum, num_matches, bad = _losses(
+        loc[:, :, 0], conf, priors, boxes, match, overlap, gt, valid, s
+    )
+    norm = _normalizer(s, n, p, num_matches).astype(conf.dtype)
+    total = jnp.zeros((), conf.dtype)
+    if s.loc_on:
+        total = total + s.loc_weight * loc_sum / norm
+    if s.conf_on:
+        total = total + conf_sum / norm
+    return [jnp.where(bad, jnp.nan, total)]

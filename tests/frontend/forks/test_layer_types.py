@@ -1,0 +1,71 @@
+"""What caffe2jax says about fork things it does not support yet: fields of forks it has no
+schema for and unknown V1 types (frontend/parse.py), and fork layer types it does not lower
+(compile time, lowering/registry.py with frontend/forks/layer_types.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import caffe2jax
+from caffe2jax.frontend.errors import NetError, PrototxtError
+from caffe2jax.frontend.forks.layer_types import unsupported_fork_type
+from caffe2jax.frontend.parse import read_net
+
+INPUT = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+
+
+def test_a_field_of_a_fork_names_its_layer():
+    with pytest.raises(PrototxtError) as err:
+        read_net('layer { name: "p" type: "Proposal" proposal_param { feat_stride: 16 } }')
+    message = str(err.value)
+    assert "'proposal_param' is a field of OpenCV's Proposal layer" in message
+    assert "does not support yet" in message and "did you mean" not in message
+
+
+def test_typos_still_get_a_suggestion():
+    with pytest.raises(PrototxtError, match="did you mean 'convolution_param'"):
+        read_net('layer { name: "c" convolution_parm { num_output: 1 } }')
+
+
+def test_unknown_v1_type_names_the_forks_read():
+    with pytest.raises(PrototxtError) as err:
+        read_net('layers { name: "s" type: SPATIAL_TRANSFORMER }')
+    message = str(err.value)
+    assert message.startswith("<string>:1:")
+    assert "unknown V1 layer type SPATIAL_TRANSFORMER" in message
+    assert "DeepLab v1, C3D v1.0, MobileNet-YOLO" in message
+
+
+@pytest.mark.parametrize(
+    ("layer", "expected"),
+    [
+        ('type: "DenseCRF" dense_crf_param { max_iter: 5 }',
+         "the DenseCRF layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
+        ('type: "VoxelCustomLoss"', "a training layer of C3D v1.0 (facebook/C3D@71336a2"),
+        ('type: "MatRead"', "a training layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2)"),
+        ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
+        ('type: "DomainTransform"', "the DomainTransform layer of DeepLab v2"),
+        ('type: "UniqueLabel"', "the UniqueLabel layer of DeepLab v2"),
+    ],
+)  # fmt: skip
+def test_unsupported_fork_types_fail_at_compile_time_naming_the_fork(layer, expected):
+    text = INPUT + f'layer {{ name: "f" bottom: "x" top: "y" {layer} }}'
+    with pytest.raises(NetError) as err:
+        caffe2jax.compile(text)
+    message = str(err.value)
+    assert message.startswith("<string>:2: layer 'f' (type ") or "layer 'f' (type " in message
+    assert expected in message
+    assert "did you mean" not in message
+
+
+def test_other_unknown_types_keep_the_usual_message():
+    with pytest.raises(NetError, match="unsupported type 'Frobnicate'"):
+        caffe2jax.compile(INPUT + 'layer { name: "f" type: "Frobnicate" bottom: "x" top: "y" }')
+    assert unsupported_fork_type("Frobnicate") is None
+    assert unsupported_fork_type("Convolution") is None
+
+
+def test_forms_narrow_the_fork_named():
+    assert "of SegNet" in unsupported_fork_type("Upsample", "max_unpool")
+    assert "of darknet2caffe" in unsupported_fork_type("Upsample", "nearest")
+    assert "SmoothL1Loss layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
