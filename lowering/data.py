@@ -37,18 +37,18 @@ class DataLayer:
     reader: str | None = None
 
 
-_DATA = "caffe2jax.runtime.data."
+_DATA = "caffe2jax.runtime.data.readers."
 
 # The one table of data layers: lowering registers them from it, the feeder and the source
 # and sink factories (caffe2jax.runtime.data) dispatch on it.
 DATA_LAYERS: dict[str, DataLayer] = {
     "Input": DataLayer((0, 0, 1, None), "caller"),
-    "MemoryData": DataLayer((0, 0, 2, 2), "memory", _DATA + "feeding:MemoryData"),
+    "MemoryData": DataLayer((0, 0, 2, 2), "memory", "caffe2jax.runtime.data.feeding:MemoryData"),
     "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "data_layer:DataLayerSource"),
     "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "image_data:ImageDataSource"),
-    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
+    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5_data:HDF5DataSource"),
     "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
-    "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
+    "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5_data:HDF5OutputSink"),
     # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
     "DenseImageData": DataLayer(
         (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum
-from caffe2jax.runtime.data.datum import array_to_datum
-from caffe2jax.runtime.data.db import Writer
+from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum
+from caffe2jax.runtime.data.records.datum import array_to_datum
+from caffe2jax.runtime.data.records.db import Writer
 
 CLASSES = ("rectangle", "ellipse", "triangle")
 

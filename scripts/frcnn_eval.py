@@ -9,7 +9,7 @@ layers go, the proposal layer (TEST config: 6000 / 300 / 0.7 / 16) writes ``rois
 Softmax gives ``cls_prob``. The snapshot's ``bbox_pred`` is un-normalized first, as
 py-faster-rcnn's train.py does when it snapshots (weights · stds, bias · stds + means, stds
 (0.1, 0.1, 0.2, 0.2) per class). Detections are decoded as lib/fast_rcnn/test.py does
-(caffe2jax.runtime.detections.from_rcnn: score > 0.05, per-class NMS 0.3, ≤ 100 per image)
+(caffe2jax.runtime.outputs.detections.from_rcnn: score > 0.05, per-class NMS 0.3, ≤ 100 per image)
 and scored with VOC's rules (IoU ≥ 0.5 with +1 pixel widths, each ground truth matched once,
 all-point interpolated AP, as VOC2010+; ``ap11`` is VOC2007's 11-point AP).
 """
@@ -117,8 +117,8 @@ def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 1
     synthetic images (``seed`` differs from the training set's); ``train_only`` and
     ``unnormalize`` as for py-faster-rcnn unless given (scripts/rfcn_train.py: R-FCN's)."""
     import caffe2jax as caffe
-    from caffe2jax.runtime.data.roi_data import PIXEL_MEANS
-    from caffe2jax.runtime.detections import from_rcnn
+    from caffe2jax.runtime.data.readers.roi_data import PIXEL_MEANS
+    from caffe2jax.runtime.outputs.detections import from_rcnn
 
     text = test_net_text(Path(train_prototxt).read_text(), size, size, train_only)
     with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:

@@ -113,7 +113,7 @@ def make_dataset(out: Path, *, train: int = 64, test: int = 32, size: int = 150,
         files[f"{subset}_list"] = out / f"{subset}.txt"
         files[f"{subset}_list"].write_text("".join(lines))
     if lmdb:
-        from caffe2jax.runtime.data.annoset import convert_annoset
+        from caffe2jax.runtime.tools.annoset import convert_annoset
 
         for subset in ("train", "test"):
             db = files[f"{subset}_lmdb"] = out / f"{subset}_lmdb"

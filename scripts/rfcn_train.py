@@ -100,7 +100,7 @@ def init_weights(net: Path, out: Path, size: int, batch: int = 16, seed: int = 7
     """Random ResNet-50 weights for the layers train.py loads from ImageNet (module
     docstring), written with pycaffe's Net and ``net.save``."""
     import caffe2jax as caffe
-    from caffe2jax.runtime.data.roi_data import PIXEL_MEANS
+    from caffe2jax.runtime.data.readers.roi_data import PIXEL_MEANS
     from scripts.frcnn_boxes import make_image
 
     rng = np.random.default_rng(seed)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from caffe2jax.runtime.data.db import BACKENDS
-from caffe2jax.runtime.data.tools import compute_image_mean
+from caffe2jax.runtime.data.records.db import BACKENDS
 from caffe2jax.runtime.formats.atomic import refuse_overwrite
+from caffe2jax.runtime.tools.imageset import compute_image_mean
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -6,8 +6,8 @@ import argparse
 import logging
 
 from caffe2jax.cli.args import int32
-from caffe2jax.runtime.data.db import BACKENDS
-from caffe2jax.runtime.data.tools import convert_imageset
+from caffe2jax.runtime.data.records.db import BACKENDS
+from caffe2jax.runtime.tools.imageset import convert_imageset
 
 TRUE, FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
 

@@ -3,8 +3,8 @@
 Each image is read as Caffe's scripts read it (BGR, resized to the net input's height and
 width, ``--mean`` subtracted, times ``--scale``), run through the net, and the argmax over
 the channels of the output blob (``--blob``, default the net's last output) is its label
-map (:func:`caffe2jax.runtime.segment.label_map`), at the output's resolution: printed as the
-pixels per class, and written as a PNG of class ids with ``--out DIR``.
+map (:func:`caffe2jax.runtime.outputs.segment.label_map`), at the output's resolution:
+printed as the pixels per class, and written as a PNG of class ids with ``--out DIR``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _mean(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from caffe2jax.pycaffe.net import Net
-    from caffe2jax.runtime import segment
+    from caffe2jax.runtime.outputs import segment
 
     mean = _mean(args.mean)
     net = Net(args.model, 1, weights=args.weights, dialect=args.dialect)

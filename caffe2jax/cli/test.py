@@ -6,7 +6,7 @@ import argparse
 
 import numpy as np
 
-from caffe2jax.cli import logs
+from caffe2jax import logs
 from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary import add_dialect
 

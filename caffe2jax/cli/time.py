@@ -2,7 +2,7 @@
 
 Per-layer lines (each printed as soon as its layer is timed), then Caffe's averages, from
 compiled per-layer programs; then the times of the one fused XLA program the net runs as,
-compile times and peak memory (see :mod:`caffe2jax.cli.timing`).
+compile times and peak memory (see :mod:`caffe2jax.runtime.tools.timing`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 import jax
 
-from caffe2jax.cli import logs
+from caffe2jax import logs
 from caffe2jax.cli.args import int32
 from caffe2jax.frontend.errors import CaffeError
 
@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from caffe2jax.cli.summary import parse_shapes, source_shapes
-    from caffe2jax.cli.timing import LayerTime, random_inputs, time_net
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.host.memory import check_net_fits
+    from caffe2jax.runtime.tools.timing import LayerTime, random_inputs, time_net
 
     if args.iterations <= 0:
         raise CaffeError(f"--iterations must be > 0, got {args.iterations}")

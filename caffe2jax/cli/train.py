@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from caffe2jax.cli import logs
+from caffe2jax import logs
 from caffe2jax.cli.args import int32
 from caffe2jax.cli.summary import add_dialect
 from caffe2jax.frontend.errors import CaffeError, SolverError
@@ -129,7 +129,7 @@ def check_train_net_fits(param, folder: Path) -> None:
     from caffe2jax.frontend import caffe_pb2
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.host.memory import check_net_fits
     from caffe2jax.runtime.train.setup import net_sources, net_state
 
     train, _ = net_sources(param, folder)

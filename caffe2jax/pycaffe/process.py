@@ -10,8 +10,8 @@ import logging
 import sys
 import time
 
-from caffe2jax.cli.logs import LOGGER, GlogFormatter
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.logs import LOGGER, GlogFormatter
 
 # glog's minloglevel: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL.
 _GLOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}

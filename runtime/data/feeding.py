@@ -108,7 +108,7 @@ class Feeder:
                 continue
             if not isinstance(source, MemoryData):
                 from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
-                from caffe2jax.runtime.parallel.memory import check_batches_fit
+                from caffe2jax.runtime.host.memory import check_batches_fit
 
                 depth = prefetch_depth(layer.param)
                 try:
@@ -184,7 +184,7 @@ class Sinks:
     def write(self, blobs: dict[str, object]) -> None:
         if not self.layers:
             return
-        from caffe2jax.runtime.data.hdf5 import make_sink
+        from caffe2jax.runtime.data.readers.hdf5_data import make_sink
 
         for layer in self.layers:
             if layer.name not in self._sinks:

@@ -37,8 +37,8 @@ from caffe2jax.runtime.data.base import (
     plain,
     positive_batch_size,
 )
-from caffe2jax.runtime.data.data_layer import DataLayerSource
-from caffe2jax.runtime.data.image_data import ImageDataSource
+from caffe2jax.runtime.data.readers.data_layer import DataLayerSource
+from caffe2jax.runtime.data.readers.image_data import ImageDataSource
 
 # The pipeline's data layer types that have a reader (lowering.data.DATA_LAYERS).
 SUPPORTED = tuple(t for t in data_layers("pipeline") if DATA_LAYERS[t].reader)

@@ -12,9 +12,9 @@ import pytest
 
 from caffe2jax import cli
 from caffe2jax.cli import main as cli_main
-from caffe2jax.runtime.data.annoset import convert_annoset, read_txt_boxes
-from caffe2jax.runtime.data.annotated_datum import decode_annotated
-from caffe2jax.runtime.data.db import open_db
+from caffe2jax.runtime.data.records.annotated_datum import decode_annotated
+from caffe2jax.runtime.data.records.db import open_db
+from caffe2jax.runtime.tools.annoset import convert_annoset, read_txt_boxes
 from tests.synthetic_boxes import load_make_boxes
 
 

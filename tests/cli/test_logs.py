@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import sys
 
-from caffe2jax.cli import logs
+from caffe2jax import logs
 
 
 def test_is_terminal_reads_the_current_stderr(monkeypatch):

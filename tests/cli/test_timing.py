@@ -9,8 +9,8 @@ import re
 import subprocess
 import sys
 
-from caffe2jax.cli.timing import random_inputs, time_net
 from caffe2jax.lowering.model import compile as compile_net
+from caffe2jax.runtime.tools.timing import random_inputs, time_net
 
 NET = """
 name: "tiny"

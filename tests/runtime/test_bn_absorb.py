@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe2jax.frontend.pipeline import load_param
-from caffe2jax.runtime.bn_absorb import absorb
+from caffe2jax.runtime.tools.bn_absorb import absorb
 
 ENET = Path(__file__).resolve().parents[2].parent / "shared/forks/models/enet_deploy_bn.prototxt"
 

@@ -9,7 +9,7 @@ import pytest
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import load_param
-from caffe2jax.runtime import bn_stats
+from caffe2jax.runtime.tools import bn_stats
 
 NET = """name: "n"
 layer { name: "data" type: "DenseImageData" top: "data" top: "label"

@@ -7,7 +7,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.ctc_decode import ctc_greedy_decode
+from caffe2jax.runtime.outputs.ctc_decode import ctc_greedy_decode
 
 
 def _scores(paths, classes: int) -> np.ndarray:

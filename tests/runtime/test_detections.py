@@ -11,8 +11,8 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
-from caffe2jax.runtime.detections import Detection, detect, from_detection_output, from_rcnn
 from caffe2jax.runtime.formats.weights import save_weights
+from caffe2jax.runtime.outputs.detections import Detection, detect, from_detection_output, from_rcnn
 
 TINY_SSD = Path(__file__).resolve().parents[2] / "examples" / "detection" / "tiny_ssd.prototxt"
 

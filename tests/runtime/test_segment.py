@@ -8,7 +8,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.segment import class_counts, label_map, prepare_image
+from caffe2jax.runtime.outputs.segment import class_counts, label_map, prepare_image
 from tests.cli_runner import run_cli
 
 

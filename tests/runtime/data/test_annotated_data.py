@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_data import max_rows
-from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum, decode_annotated
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.datum import array_to_datum
-from caffe2jax.runtime.data.db import Writer, open_db
 from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.readers.annotated_data import max_rows
+from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum, decode_annotated
+from caffe2jax.runtime.data.records.datum import array_to_datum
+from caffe2jax.runtime.data.records.db import Writer, open_db
 from caffe2jax.runtime.data.sources import make_source
 from tests.synthetic_boxes import load_make_boxes
 

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime.data.bbox_geometry import (
+from caffe2jax.runtime.data.transform.bbox_geometry import (
     batch_samples,
     coverage,
     covered_by,

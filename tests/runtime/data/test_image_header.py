@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data import image
-from caffe2jax.runtime.data.datum import encoded_datum
-from caffe2jax.runtime.data.db import Writer
-from caffe2jax.runtime.data.image import decode_image, encode_image
-from caffe2jax.runtime.data.image_header import header_size, max_image_pixels
+from caffe2jax.runtime.data.records.datum import encoded_datum
+from caffe2jax.runtime.data.records.db import Writer
 from caffe2jax.runtime.data.sources import make_source
+from caffe2jax.runtime.data.transform import image
+from caffe2jax.runtime.data.transform.image import decode_image, encode_image
+from caffe2jax.runtime.data.transform.image_header import header_size, max_image_pixels
 
 from .helpers import layer
 

@@ -10,10 +10,10 @@ import pytest
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.image import resize, resize_nearest
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.transform.image import resize, resize_nearest
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 
 from .helpers import layer
 from .test_dense_image_data import write_pairs

@@ -9,7 +9,7 @@ import pytest
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.pair_list import Pair, parse_pair_list
+from caffe2jax.runtime.data.readers.pair_list import Pair, parse_pair_list
 from caffe2jax.runtime.data.sources import make_source
 
 from .test_dense_image_data import dense, write_pairs

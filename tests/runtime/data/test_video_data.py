@@ -13,11 +13,11 @@ from PIL import Image
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.datum import write_blobproto
-from caffe2jax.runtime.data.image import read_image
 from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.records.datum import write_blobproto
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.transform.image import read_image
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 from tests.forks import FORK_MODELS, c3d_blob
 
 from .helpers import layer

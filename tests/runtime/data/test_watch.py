@@ -20,7 +20,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.db import open_db
+from caffe2jax.runtime.data.records.db import open_db
 from tests.runtime.data.helpers import write_db
 
 RECORDS, BATCH = 64, 4  # an epoch is 16 batches

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from caffe2jax.frontend.errors import DataError, NetError
-from caffe2jax.runtime.parallel import memory
+from caffe2jax.runtime.host import memory
 
 GIB = 1 << 30
 # a net of 2 blobs x 256 x 64 x 128 x 128 x 4 bytes = 2 GiB (4 GiB with their diffs)
@@ -66,7 +66,7 @@ def test_the_process_cgroups_are_found_from_proc():
 def test_address_space_limit_binds_in_a_limited_process():
     script = (
         "import resource; resource.setrlimit(resource.RLIMIT_AS, (4000000 * 1024,) * 2)\n"
-        "from caffe2jax.runtime.parallel import memory\n"
+        "from caffe2jax.runtime.host import memory\n"
         "print(memory.memory_budget())\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

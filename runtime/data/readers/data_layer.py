@@ -25,13 +25,13 @@ from caffe2jax.runtime.data.base import (
     make_rngs,
     positive_batch_size,
 )
-from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
-from caffe2jax.runtime.data.db import Cursor, open_db
 from caffe2jax.runtime.data.files import resolve_input
 from caffe2jax.runtime.data.memo import Memo
-from caffe2jax.runtime.data.sampling import Sampler
-from caffe2jax.runtime.data.transform import DataTransformer
-from caffe2jax.runtime.data.watch import same_database
+from caffe2jax.runtime.data.records.datum import datum_to_array, parse_datum
+from caffe2jax.runtime.data.records.db import Cursor, open_db
+from caffe2jax.runtime.data.records.selection import Sampler
+from caffe2jax.runtime.data.records.watch import same_database
+from caffe2jax.runtime.data.transform.transformer import DataTransformer
 
 log = logging.getLogger(__name__)
 

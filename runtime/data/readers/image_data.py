@@ -25,10 +25,10 @@ from caffe2jax.runtime.data.base import (
     positive_batch_size,
 )
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
-from caffe2jax.runtime.data.guards import check_image_tops
-from caffe2jax.runtime.data.image import read_image
 from caffe2jax.runtime.data.memo import Memo
-from caffe2jax.runtime.data.transform import DataTransformer
+from caffe2jax.runtime.data.transform.guards import check_image_tops
+from caffe2jax.runtime.data.transform.image import read_image
+from caffe2jax.runtime.data.transform.transformer import DataTransformer
 
 log = logging.getLogger(__name__)
 

@@ -34,18 +34,18 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import (
+from caffe2jax.runtime.data.base import Planned, check_phase, check_tops
+from caffe2jax.runtime.data.readers.data_layer import DataLayerSource
+from caffe2jax.runtime.data.records.annotated_datum import (
     ROW,
     Boxes,
     boxes_of,
     parse_annotated_datum,
 )
-from caffe2jax.runtime.data.annotated_transform import AnnotatedTransformer
-from caffe2jax.runtime.data.base import Planned, check_phase, check_tops
-from caffe2jax.runtime.data.data_layer import DataLayerSource
-from caffe2jax.runtime.data.datum import datum_to_array
-from caffe2jax.runtime.data.db import Cursor
-from caffe2jax.runtime.data.image_header import header_size
+from caffe2jax.runtime.data.records.datum import datum_to_array
+from caffe2jax.runtime.data.records.db import Cursor
+from caffe2jax.runtime.data.transform.annotated import AnnotatedTransformer
+from caffe2jax.runtime.data.transform.image_header import header_size
 
 BBOX = caffe_pb2.AnnotatedDatum.BBOX
 

@@ -24,16 +24,16 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import (
+from caffe2jax.runtime.data.files import parse_list_file
+from caffe2jax.runtime.data.records.datum import (
     array_to_datum,
     datum_to_array,
     encoded_datum,
     parse_datum,
     write_blobproto,
 )
-from caffe2jax.runtime.data.db import Writer, open_db
-from caffe2jax.runtime.data.files import parse_list_file
-from caffe2jax.runtime.data.image import encode_image, read_image
+from caffe2jax.runtime.data.records.db import Writer, open_db
+from caffe2jax.runtime.data.transform.image import encode_image, read_image
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import numpy as np
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import ItemSource, draw_key, make_rngs
 from caffe2jax.runtime.data.files import resolve_input
-from caffe2jax.runtime.data.image import decode_image, resize, resize_nearest
+from caffe2jax.runtime.data.transform.image import decode_image, resize, resize_nearest
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.lowering.limits import shape_problem, show_shape
-from caffe2jax.runtime.parallel.memory import gib, memory_budget
+from caffe2jax.runtime.host.memory import gib, memory_budget
 
 # The formats Caffe's OpenCV decodes (imgcodecs), of those Pillow reads; Pillow's other
 # plugins (EPS through Ghostscript, PSD, FITS …) are refused as OpenCV refuses them.

@@ -39,10 +39,10 @@ from caffe2jax.runtime.data.base import (
     make_rngs,
     positive_batch_size,
 )
-from caffe2jax.runtime.data.datum import read_blobproto
 from caffe2jax.runtime.data.files import resolve_input
-from caffe2jax.runtime.data.image import decode_image, resize
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.records.datum import read_blobproto
+from caffe2jax.runtime.data.transform.image import decode_image, resize
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 
 log = logging.getLogger(__name__)
 _F = np.float32

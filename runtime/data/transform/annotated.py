@@ -40,8 +40,8 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import Boxes
-from caffe2jax.runtime.data.bbox_geometry import (
+from caffe2jax.runtime.data.records.annotated_datum import Boxes
+from caffe2jax.runtime.data.transform.bbox_geometry import (
     batch_samples,
     clip,
     meet_emit,

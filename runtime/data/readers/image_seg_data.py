@@ -33,9 +33,14 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops, positive_batch_size
-from caffe2jax.runtime.data.image import read_image, resize, resize_nearest
-from caffe2jax.runtime.data.pair_list import Pair, PairListSource, parse_pair_list, read_gray
-from caffe2jax.runtime.data.transform import DataTransformer, uniform_ints
+from caffe2jax.runtime.data.readers.pair_list import (
+    Pair,
+    PairListSource,
+    parse_pair_list,
+    read_gray,
+)
+from caffe2jax.runtime.data.transform.image import read_image, resize, resize_nearest
+from caffe2jax.runtime.data.transform.transformer import DataTransformer, uniform_ints
 
 LabelType = caffe_pb2.ImageDataParameter
 _F = np.float32

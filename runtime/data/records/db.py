@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.watch import Watch, content_id
+from caffe2jax.runtime.data.records.watch import Watch, content_id
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops, positive_batch_size
 from caffe2jax.runtime.data.files import resolve_input
-from caffe2jax.runtime.data.image import read_image
-from caffe2jax.runtime.data.pair_list import PairListSource
-from caffe2jax.runtime.data.transform import uniform_ints
-from caffe2jax.runtime.data.video_file import read_video_clip
+from caffe2jax.runtime.data.readers.pair_list import PairListSource
+from caffe2jax.runtime.data.transform.image import read_image
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
+from caffe2jax.runtime.data.transform.video_file import read_video_clip
 from caffe2jax.runtime.formats.blobproto import Scanner, WireError, read_blob
 
 _F = np.float32

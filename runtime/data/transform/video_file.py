@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.image import resize
+from caffe2jax.runtime.data.transform.image import resize
 
 
 def _cv2():

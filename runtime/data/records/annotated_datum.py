@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import datum_to_array
+from caffe2jax.runtime.data.records.datum import datum_to_array
 
 BBOX = caffe_pb2.AnnotatedDatum.BBOX
 ROW = 8  # [item_id, group_label, instance_id, xmin, ymin, xmax, ymax, difficult]

@@ -32,16 +32,16 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import (
+from caffe2jax.runtime.data.records.annotated_datum import (
     Boxes,
     annotated_datum,
     name_to_label,
     read_label_map,
 )
-from caffe2jax.runtime.data.datum import array_to_datum, encoded_datum
-from caffe2jax.runtime.data.db import Writer
-from caffe2jax.runtime.data.image import encode_image, read_image, resize
-from caffe2jax.runtime.data.tools import _extension, _matches
+from caffe2jax.runtime.data.records.datum import array_to_datum, encoded_datum
+from caffe2jax.runtime.data.records.db import Writer
+from caffe2jax.runtime.data.transform.image import encode_image, read_image, resize
+from caffe2jax.runtime.tools.imageset import _extension, _matches
 
 log = logging.getLogger(__name__)
 LABEL_TYPES = ("xml", "txt")

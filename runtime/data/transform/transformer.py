@@ -34,8 +34,8 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import read_blobproto
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.records.datum import read_blobproto
 
 PHASES = ("TRAIN", "TEST")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

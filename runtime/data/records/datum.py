@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.image import decode_image
+from caffe2jax.runtime.data.transform.image import decode_image
 from caffe2jax.runtime.formats.atomic import atomic_write
 
 

@@ -45,10 +45,10 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import decode_annotated, parse_annotated_datum
 from caffe2jax.runtime.data.base import ItemSource, Planned, check_phase, make_rngs
-from caffe2jax.runtime.data.db import open_db
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.records.annotated_datum import decode_annotated, parse_annotated_datum
+from caffe2jax.runtime.data.records.db import open_db
 
 PIXEL_MEANS = np.array([102.9801, 115.9465, 122.7717], np.float32)
 

@@ -36,8 +36,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.guards import check_resize
-from caffe2jax.runtime.data.image_header import check_image_size
+from caffe2jax.runtime.data.transform.guards import check_resize
+from caffe2jax.runtime.data.transform.image_header import check_image_size
 
 MODES = ("native", "color", "gray")
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}

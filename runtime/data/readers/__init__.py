@@ -1,0 +1,1 @@
+"""One module per data layer type: the host-side source that reads its records."""
