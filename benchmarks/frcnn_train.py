@@ -35,8 +35,8 @@ SIZE, CLASSES, SCALES = 224, 4, (2, 4, 8)
 
 def ours(folder: Path):
     import caffe2jax as caffe
-    from scripts.frcnn_boxes import make_boxes
-    from scripts.frcnn_train import train_prototxt
+    from examples.detection.frcnn_train import train_prototxt
+    from examples.detection.synthetic_boxes import make_boxes
 
     make_boxes(folder / "boxes_lmdb", count=8, size=SIZE, seed=0)
     (folder / "train.prototxt").write_text(train_prototxt(folder / "boxes_lmdb", SIZE))
@@ -137,7 +137,7 @@ def peer():
     import torch
     import torch.nn.functional as F
 
-    from scripts.frcnn_boxes import make_image
+    from examples.detection.synthetic_boxes import make_image
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

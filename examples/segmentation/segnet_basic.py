@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PROTOTXT = ROOT.parent / "shared" / "forks" / "models" / "segnet_basic_train.prototxt"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import make_segmentation  # noqa: E402
 

@@ -11,8 +11,8 @@ import re
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
-from scripts.frcnn_boxes import make_boxes
-from scripts.frcnn_tiny_net import net_text
+from examples.detection.frcnn_tiny_net import net_text
+from examples.detection.synthetic_boxes import make_boxes
 from tests.cli_runner import run_cli
 
 

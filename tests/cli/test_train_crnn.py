@@ -37,7 +37,7 @@ def _log(stderr: str, name: str) -> list[tuple[int, float]]:
 
 def test_crnn_learns_digit_lines_and_resumes_exactly(tmp_path):
     made = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_textlines.py"), str(tmp_path),
+        [sys.executable, str(ROOT / "examples" / "crnn" / "make_textlines.py"), str(tmp_path),
          "--train", "1024", "--batch", str(BATCH), "--iters", str(ITERS), "--lr", "0.002",
          "--test-interval", "0", "--display", "25", "--snapshot", str(SNAPSHOT)],
         capture_output=True, text=True, timeout=120,

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from scripts.rfcn_train import prepare
+from examples.detection.rfcn_train import prepare
 from tests.cli.test_frcnn_train import _losses, _weights
 from tests.cli_runner import run_cli
 

@@ -14,7 +14,7 @@ from caffe2jax.runtime.data.readers.roi_data import (
     im_scale,
     pixel_boxes,
 )
-from scripts.frcnn_boxes import make_boxes
+from examples.detection.synthetic_boxes import make_boxes
 
 
 def _layer(source, **extra) -> caffe_pb2.LayerParameter:

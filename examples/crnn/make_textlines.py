@@ -36,7 +36,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from caffe2jax.frontend.parse import read_net
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORK_NET = ROOT / ".." / "shared" / "forks" / "models" / "crnn_train.prototxt"
 HEIGHT, WIDTH, MAX_DIGITS, BLANK = 32, 128, 6, 10
 

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.frcnn_train import prepare_work, rewrite_data, train_and_evaluate  # noqa: E402
+from examples.detection.frcnn_train import prepare_work, rewrite_data, train_and_evaluate  # noqa: E402
 
 MODEL = ROOT.parent / "shared" / "forks" / "models" / "rfcn_resnet50_voc_train_ohem.prototxt"
 CLASSES = 4
@@ -101,7 +101,7 @@ def init_weights(net: Path, out: Path, size: int, batch: int = 16, seed: int = 7
     docstring), written with pycaffe's Net and ``net.save``."""
     import caffe2jax as caffe
     from caffe2jax.runtime.data.readers.roi_data import PIXEL_MEANS
-    from scripts.frcnn_boxes import make_image
+    from examples.detection.synthetic_boxes import make_image
 
     rng = np.random.default_rng(seed)
     model = caffe.Net(str(net), caffe.TRAIN)

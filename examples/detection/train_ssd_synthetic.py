@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT.parent / "shared" / "forks" / "models"
 sys.path.insert(0, str(ROOT))
 

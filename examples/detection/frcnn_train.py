@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.frcnn_boxes import make_boxes  # noqa: E402
+from examples.detection.synthetic_boxes import make_boxes  # noqa: E402
 
 MODEL = ROOT.parent / "shared" / "forks" / "models" / "faster_rcnn_vgg16_train.prototxt"
 CLASSES = 4
@@ -139,7 +139,7 @@ def train_and_evaluate(work: Path, solver: Path, iters: int, size: int, prefix: 
                        **evaluation) -> None:  # fmt: skip
     """``caffe2jax train`` from init.caffemodel, the loss curve, then each snapshot's VOC mAP
     (scripts/frcnn_eval.py's ``evaluate`` with ``evaluation``'s options)."""
-    from scripts.frcnn_eval import evaluate
+    from examples.detection.frcnn_eval import evaluate
 
     start = time.time()
     log = cli("train", "--solver", solver, "--weights", "init.caffemodel", "--force", cwd=work)
@@ -175,8 +175,8 @@ def tiny(work: Path, iters: int = 2000) -> None:
     """The small net of scripts/frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
     layers, base_lr 0.01 (×0.1 after 3/4 of the iterations), iter_size 2, through the CLI;
     evaluated like the VGG16 run."""
-    from scripts.frcnn_eval import evaluate
-    from scripts.frcnn_tiny_net import net_text
+    from examples.detection.frcnn_eval import evaluate
+    from examples.detection.frcnn_tiny_net import net_text
 
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "boxes_lmdb").exists():

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.frcnn_boxes import make_image  # noqa: E402
+from examples.detection.synthetic_boxes import make_image  # noqa: E402
 
 TRAIN_ONLY = ("rpn-data", "rpn_loss_cls", "rpn_loss_bbox", "roi-data", "loss_cls", "loss_bbox")
 STDS = np.array([0.1, 0.1, 0.2, 0.2], np.float32)
