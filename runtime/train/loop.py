@@ -25,6 +25,7 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime.formats.atomic import remove_stale_temps
+from caffe2jax.runtime.formats.snapshot import resume_path
 from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import make_mesh
 from caffe2jax.runtime.train import snapshots, solvers
@@ -37,7 +38,6 @@ from caffe2jax.runtime.train.setup import (
     net_state,
     read_solver_param,
 )
-from caffe2jax.runtime.train.snapshots import resume_path
 from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
 from caffe2jax.runtime.train.step import Trainer, merge
 
