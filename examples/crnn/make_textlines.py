@@ -2,7 +2,7 @@
 """A synthetic text-line set for CRNN's train net (yalecyu/crnn.caffe examples/crnn), in the
 HDF5 form its HDF5Data layers read, and that net and a solver ready for ``caffe2jax train``.
 
-    python scripts/make_textlines.py OUT [--train 6000] [--test 512] [--batch 32]
+    python examples/crnn/make_textlines.py OUT [--train 6000] [--test 512] [--batch 32]
                                          [--width 0.25] [--iters 2000]
     caffe2jax train --solver OUT/crnn_solver.prototxt
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Evaluate a Faster R-CNN end-to-end snapshot on synthetic box images: VOC AP at IoU 0.5.
 
-    python scripts/frcnn_eval.py TRAIN_PROTOTXT SNAPSHOT.caffemodel [--count 32] [--size 128]
+    python examples/detection/frcnn_eval.py TRAIN_PROTOTXT SNAPSHOT.caffemodel \
+        [--count 32] [--size 128]
 
 The test net is derived from the train prototxt as py-faster-rcnn's test.prototxt is written:
 the RoIDataLayer becomes an Input (data, im_info), the anchor target, proposal target and loss
@@ -10,8 +11,9 @@ Softmax gives ``cls_prob``. The snapshot's ``bbox_pred`` is un-normalized first,
 py-faster-rcnn's train.py does when it snapshots (weights · stds, bias · stds + means, stds
 (0.1, 0.1, 0.2, 0.2) per class). Detections are decoded as lib/fast_rcnn/test.py does
 (caffe2jax.runtime.outputs.detections.from_rcnn: score > 0.05, per-class NMS 0.3, ≤ 100 per image)
-and scored with VOC's rules (IoU ≥ 0.5 with +1 pixel widths, each ground truth matched once,
-all-point interpolated AP, as VOC2010+; ``ap11`` is VOC2007's 11-point AP).
+and scored with VOC's rules (caffe2jax.runtime.outputs.average_precision.class_ap: IoU ≥ 0.5
+with +1 pixel widths, each ground truth matched once, all-point interpolated AP as VOC2010+
+(the fork's ``MaxIntegral``); ``mAP11`` is VOC2007's 11-point AP).
 """
 
 from __future__ import annotations
@@ -68,56 +70,15 @@ def unnormalize(net) -> None:
     b *= stds
 
 
-def voc_ap(rec: np.ndarray, prec: np.ndarray, eleven: bool = False) -> float:
-    """VOC AP from a recall/precision curve: all-point (area under the interpolated curve)
-    or VOC2007's 11-point average."""
-    if eleven:
-        return float(np.mean([prec[rec >= t].max() if (rec >= t).any() else 0.0
-                              for t in np.arange(0, 1.1, 0.1)]))  # fmt: skip
-    mrec = np.concatenate([[0.0], rec, [1.0]])
-    mpre = np.concatenate([[0.0], prec, [0.0]])
-    for i in range(len(mpre) - 2, -1, -1):
-        mpre[i] = max(mpre[i], mpre[i + 1])
-    i = np.where(mrec[1:] != mrec[:-1])[0]
-    return float(np.sum((mrec[i + 1] - mrec[i]) * mpre[i + 1]))
-
-
-def _iou(box: np.ndarray, gts: np.ndarray) -> np.ndarray:
-    iw = np.maximum(np.minimum(box[2], gts[:, 2]) - np.maximum(box[0], gts[:, 0]) + 1, 0)
-    ih = np.maximum(np.minimum(box[3], gts[:, 3]) - np.maximum(box[1], gts[:, 1]) + 1, 0)
-    inter = iw * ih
-    area = (box[2] - box[0] + 1) * (box[3] - box[1] + 1)
-    return inter / (area + (gts[:, 2] - gts[:, 0] + 1) * (gts[:, 3] - gts[:, 1] + 1) - inter)
-
-
-def class_ap(dets: list, truth: list, cls: int, eleven: bool = False) -> float:
-    """VOC AP of class ``cls``: ``dets`` [(image, score, box)], ``truth`` [(boxes, labels)]."""
-    gts = [b[lab == cls] for b, lab in truth]
-    used = [np.zeros(len(g), bool) for g in gts]
-    npos = sum(len(g) for g in gts)
-    dets = sorted(dets, key=lambda d: -d[1])
-    tp = np.zeros(len(dets))
-    for k, (i, _, box) in enumerate(dets):
-        if len(gts[i]):
-            ov = _iou(np.asarray(box), gts[i])
-            j = int(ov.argmax())
-            if ov[j] >= 0.5 and not used[i][j]:
-                used[i][j] = True
-                tp[k] = 1
-    ctp, cfp = np.cumsum(tp), np.cumsum(1 - tp)
-    rec = ctp / max(npos, 1)
-    prec = ctp / np.maximum(ctp + cfp, np.finfo(np.float64).eps)
-    return voc_ap(rec, prec, eleven)
-
-
 def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 128,
              seed: int = 1000, classes: int = 4, train_only=TRAIN_ONLY,
              unnormalize=unnormalize) -> dict:  # fmt: skip
     """mAP (all-point and 11-point) and per-class AP of ``weights`` on ``count`` held-out
     synthetic images (``seed`` differs from the training set's); ``train_only`` and
-    ``unnormalize`` as for py-faster-rcnn unless given (scripts/rfcn_train.py: R-FCN's)."""
+    ``unnormalize`` as for py-faster-rcnn unless given (rfcn_train.py: R-FCN's)."""
     import caffe2jax as caffe
     from caffe2jax.runtime.data.readers.roi_data import PIXEL_MEANS
+    from caffe2jax.runtime.outputs.average_precision import class_ap
     from caffe2jax.runtime.outputs.detections import from_rcnn
 
     text = test_net_text(Path(train_prototxt).read_text(), size, size, train_only)
@@ -137,8 +98,8 @@ def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 1
         for d in from_rcnn(blobs["rois"].data, out["cls_prob"], out["bbox_pred"], 1.0, size,
                            size):  # fmt: skip
             dets[d.label].append((i, d.score, (d.xmin, d.ymin, d.xmax, d.ymax)))
-    aps = {c: class_ap(dets[c], truth, c) for c in dets}
-    ap11 = {c: class_ap(dets[c], truth, c, eleven=True) for c in dets}
+    aps = {c: class_ap(dets[c], truth, c, "MaxIntegral") for c in dets}
+    ap11 = {c: class_ap(dets[c], truth, c, "11point") for c in dets}
     return {"mAP": float(np.mean(list(aps.values()))), "mAP11": float(np.mean(list(ap11.values()))),
             "AP": aps}  # fmt: skip
 

@@ -3,7 +3,7 @@
 and Python layers as faster_rcnn_vgg16_train.prototxt: RoIDataLayer, AnchorTargetLayer,
 ProposalLayer, ProposalTargetLayer, ROIPooling, SmoothL1Loss σ 3 and 1) with a 4-conv
 backbone of stride 16 and one 64-unit fc layer, for 64×64 images and 3 classes: what the CLI
-test trains, and ``scripts/frcnn_train.py --tiny``."""
+test trains, and ``examples/detection/frcnn_train.py --tiny``."""
 
 from __future__ import annotations
 

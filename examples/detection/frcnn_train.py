@@ -2,7 +2,7 @@
 """Train py-faster-rcnn's VGG16 end-to-end net on a synthetic box set with caffe2jax's
 built-in Faster R-CNN layers, through the CLI, then evaluate it (VOC AP at IoU 0.5).
 
-    python scripts/frcnn_train.py WORKDIR [--iters 2000] [--size 128] [--count 48]
+    python examples/detection/frcnn_train.py WORKDIR [--iters 2000] [--size 128] [--count 48]
         [--snapshot 100] [--resume-check] [--tiny]
 
 The net is read from ``../shared/forks/models/faster_rcnn_vgg16_train.prototxt`` (never copied
@@ -20,10 +20,10 @@ stepsize 50000, momentum 0.9, weight_decay 0.0005, iter_size 2, display 20, aver
 weights (``--weights``); there are none here, so ``init.caffemodel`` holds random weights for
 conv1_1 … conv5_3, fc6 and fc7, whose prototxt has no fillers (see :func:`init_weights`).
 
-``--tiny`` trains scripts/frcnn_tiny_net.py's small net of the same layout instead (2000
+``--tiny`` trains examples/detection/frcnn_tiny_net.py's small net of the same layout instead (2000
 iterations take about a minute). ``--resume-check`` trains 4 iterations straight and 2 + 2
 resumed from the iteration-2 solverstate, and compares the final weights bit for bit. The
-evaluation is scripts/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
+evaluation is examples/detection/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int) -> 
 def train_and_evaluate(work: Path, solver: Path, iters: int, size: int, prefix: str,
                        **evaluation) -> None:  # fmt: skip
     """``caffe2jax train`` from init.caffemodel, the loss curve, then each snapshot's VOC mAP
-    (scripts/frcnn_eval.py's ``evaluate`` with ``evaluation``'s options)."""
+    (examples/detection/frcnn_eval.py's ``evaluate`` with ``evaluation``'s options)."""
     from examples.detection.frcnn_eval import evaluate
 
     start = time.time()
@@ -172,7 +172,7 @@ def resume_check(work: Path, size: int) -> bool:
 
 
 def tiny(work: Path, iters: int = 2000) -> None:
-    """The small net of scripts/frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
+    """The small net of frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
     layers, base_lr 0.01 (×0.1 after 3/4 of the iterations), iter_size 2, through the CLI;
     evaluated like the VGG16 run."""
     from examples.detection.frcnn_eval import evaluate
@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--count", type=int, default=48)
     parser.add_argument("--resume-check", action="store_true")
-    parser.add_argument("--tiny", action="store_true", help="scripts/frcnn_tiny_net.py's net")
+    parser.add_argument("--tiny", action="store_true", help="frcnn_tiny_net.py's net")
     args = parser.parse_args()
     if args.tiny:
         tiny(args.work / "tiny", args.iters)

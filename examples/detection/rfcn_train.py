@@ -2,7 +2,7 @@
 """Train py-R-FCN's ResNet-50 OHEM net on a synthetic box set with caffe2jax's built-in R-FCN
 layers, through the CLI, then evaluate it (VOC AP at IoU 0.5).
 
-    python scripts/rfcn_train.py WORKDIR [--iters 600] [--size 128] [--count 48]
+    python examples/detection/rfcn_train.py WORKDIR [--iters 600] [--size 128] [--count 48]
         [--snapshot 100] [--lr 0.001] [--stepsize 80000]
 
 The net is read from ``../shared/forks/models/rfcn_resnet50_voc_train_ohem.prototxt`` (never
@@ -28,7 +28,7 @@ prototxt's BatchNorm layers use global statistics and are frozen (lr_mult 0) lik
 the Scale layers — BatchNorm statistics measured on synthetic images as an ImageNet model's were:
 the backbone (up to res5c) with batch statistics on 16 images, one forward, whose BatchNorm blobs
 then hold those statistics (Caffe's moving average from 0). Evaluation: the test net is derived as
-py-R-FCN's test_agonistic.prototxt is written (scripts/frcnn_eval.py, R-FCN's train-only layers
+py-R-FCN's test_agonistic.prototxt is written (frcnn_eval.py, R-FCN's train-only layers
 dropped), the snapshot's ``rfcn_bbox`` un-normalised as py-R-FCN's train.py does at a snapshot
 (weights × stds repeated 7² times per output, bias × stds + means), box deltas class-agnostic (slot
 1 for every class, as test.py with TEST.AGONISTIC).

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Train MobileNet-SSD (chuanqi305's recipe, ../shared/forks/models) on the synthetic shapes
-set of scripts/make_boxes.py, through the CLI: ``caffe2jax train --solver ...``.
+set of examples/detection/synthetic_boxes.py, through the CLI: ``caffe2jax train --solver ...``.
 
-    python scripts/train_ssd_synthetic.py WORKDIR [--iters 2000] [--size 160] [--lr 0.01]
-    python scripts/train_ssd_synthetic.py WORKDIR --size 96 --coverage  # priors vs boxes only
-    python scripts/train_ssd_synthetic.py WORKDIR --resume-check 250 500  # after a run
-    python scripts/train_ssd_synthetic.py WORKDIR --small --lr 0.001 --test_interval 200
+    python examples/detection/train_ssd_synthetic.py WORKDIR [--iters 2000] [--size 160] [--lr 0.01]
+    python examples/detection/train_ssd_synthetic.py WORKDIR --size 96 --coverage  # priors only
+    python examples/detection/train_ssd_synthetic.py WORKDIR --resume-check 250 500  # after a run
+    python examples/detection/train_ssd_synthetic.py WORKDIR --small --lr 0.001 --test_interval 200
 
 The fork's train and test prototxts are read where they are and rewritten in memory, changing
 only data paths and sizes: the LMDB sources and label map, the batch sizes, the resize to
@@ -120,11 +120,11 @@ ap_version: "11point"
 
 def prepare(work: Path, args: argparse.Namespace) -> Path:
     """The data set, both nets and the solver under ``work``; returns the solver's path."""
-    from tests.synthetic_boxes import load_make_boxes
+    from examples.detection.synthetic_boxes import make_dataset
 
     data = work / "data"
     if not (data / "test_lmdb").exists():
-        load_make_boxes().make_dataset(data, train=args.train, test=args.test, size=args.size)
+        make_dataset(data, train=args.train, test=args.test, size=args.size)
     classes = 1 + 3
     for name, subset, batch in (("ssd_mobilenet_train", "train", args.batch),
                                 ("ssd_mobilenet_voc_test", "test", args.test_batch)):  # fmt: skip
@@ -143,13 +143,13 @@ def prepare(work: Path, args: argparse.Namespace) -> Path:
 
 
 def prepare_small(work: Path, args: argparse.Namespace) -> Path:
-    """``--small``: the CI test's small SSD (tests/cli/test_train_annotated.py: two stride-2
+    """``--small``: the CI test's small SSD (examples/detection/small_ssd.py: two stride-2
     convolutions of 32 channels, one PriorBox layer) on the same AnnotatedData recipe (mirror,
     emit CENTER, distort, expand, samplers, resize with interpolation modes), 48×48."""
-    from tests.cli import test_train_annotated as small
-    from tests.synthetic_boxes import load_make_boxes
+    from examples.detection import small_ssd as small
+    from examples.detection.synthetic_boxes import make_dataset
 
-    files = load_make_boxes().make_dataset(work / "data", train=args.train, test=args.test,
+    files = make_dataset(work / "data", train=args.train, test=args.test,
                                            size=small.SIZE)  # fmt: skip
     common = {"size": small.SIZE, "labelmap": files["labelmap"]}
     train_net = small.DATA.format(phase="TRAIN", transform=small.TRAIN_AUG,

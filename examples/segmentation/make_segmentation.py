@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """A small synthetic segmentation set in SegNet's CamVid layout (image / label PNG pairs).
 
-    python scripts/make_segmentation.py OUT [--train 48 --test 12 --height 64 --width 80]
+    python examples/segmentation/make_segmentation.py OUT \
+        [--train 48 --test 12 --height 64 --width 80]
 
 Each image is a noisy, smoothly shaded background (class 0) with 2 to 4 shapes drawn on it:
 discs (class 1), rectangles (class 2) and triangles (class 3), each class in its own hue with

@@ -11,7 +11,7 @@ Two kinds of detector nets:
   lib/fast_rcnn/test.py ``im_detect`` + ``test_net`` do: rois / im_scale,
   ``bbox_transform_inv`` with each class's deltas (R-FCN's class-agnostic 8-column deltas: the
   foreground 4), clipped to the image, per class scores > threshold (0.05), NMS 0.3, at most
-  100 per image. :func:`from_rcnn` does that.
+  100 per image. :func:`from_rcnn` does that (box maths: :mod:`.boxes`).
 
 :func:`detect` runs a compiled net on one image (BGR, H×W×3 uint8, as cv2.imread gives it):
 resized to the net's input (Faster R-CNN nets with an ``im_info`` input: shorter side 600,
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from caffe2jax.frontend.errors import DataError, NetError
+from caffe2jax.runtime.outputs.boxes import decode_deltas, nms
 
 DETECTION_TYPES = ("DetectionOutput", "YoloDetectionOutput", "Yolov3DetectionOutput")
 
@@ -75,36 +76,6 @@ def from_detection_output(
     return out
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> list[int]:
-    """py-faster-rcnn's py_cpu_nms: indices kept, by score descending (+1 pixel areas)."""
-    x1, y1, x2, y2 = boxes.T
-    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
-    order = np.argsort(-scores, kind="stable")
-    keep = []
-    while order.size:
-        i, order = order[0], order[1:]
-        keep.append(int(i))
-        w = np.maximum(0.0, np.minimum(x2[i], x2[order]) - np.maximum(x1[i], x1[order]) + 1)
-        h = np.maximum(0.0, np.minimum(y2[i], y2[order]) - np.maximum(y1[i], y1[order]) + 1)
-        inter = w * h
-        order = order[inter / (areas[i] + areas[order] - inter) <= threshold]
-    return keep
-
-
-def _decode(boxes: np.ndarray, deltas: np.ndarray) -> np.ndarray:
-    """bbox_transform_inv for (R, 4) boxes and (R, 4k) deltas → (R, 4k)."""
-    w = (boxes[:, 2] - boxes[:, 0] + 1.0)[:, None]
-    h = (boxes[:, 3] - boxes[:, 1] + 1.0)[:, None]
-    cx, cy = boxes[:, :1] + 0.5 * w, boxes[:, 1:2] + 0.5 * h
-    dx, dy, dw, dh = (deltas[:, i::4] for i in range(4))
-    pcx, pcy = dx * w + cx, dy * h + cy
-    pw, ph = np.exp(dw) * w, np.exp(dh) * h
-    out = np.empty_like(deltas)
-    out[:, 0::4], out[:, 1::4] = pcx - 0.5 * pw, pcy - 0.5 * ph
-    out[:, 2::4], out[:, 3::4] = pcx + 0.5 * pw, pcy + 0.5 * ph
-    return out
-
-
 def from_rcnn(
     rois, cls_prob, bbox_pred, im_scale: float, width: int, height: int,
     threshold: float = 0.05, nms_threshold: float = 0.3, max_per_image: int = 100, names=None,
@@ -116,7 +87,7 @@ def from_rcnn(
     scores = np.asarray(cls_prob, np.float64).reshape(len(rois), -1)[real]
     deltas = np.asarray(bbox_pred, np.float64).reshape(len(rois), -1)[real]
     classes = scores.shape[1]
-    boxes = _decode(rois[real, 1:] / im_scale, deltas)
+    boxes = decode_deltas(rois[real, 1:] / im_scale, deltas)
     boxes[:, 0::4] = np.clip(boxes[:, 0::4], 0, width - 1)
     boxes[:, 2::4] = np.clip(boxes[:, 2::4], 0, width - 1)
     boxes[:, 1::4] = np.clip(boxes[:, 1::4], 0, height - 1)

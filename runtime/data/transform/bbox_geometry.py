@@ -3,7 +3,8 @@ util/im_transforms.cpp), on normalized ``[xmin, ymin, xmax, ymax]`` float32 arra
 
 * :func:`jaccard` / :func:`coverage`: ``JaccardOverlap`` and ``BBoxCoverage`` (normalized
   areas, no +1; a box with xmax < xmin or ymax < ymin has area 0; boxes that only touch
-  intersect in an empty box);
+  intersect in an empty box; the overlap itself is the host's one, :mod:`caffe2jax.runtime.
+  outputs.boxes`);
 * :func:`project`: ``ProjectBBox`` (a box in the coordinates of a crop, clipped to [0, 1];
   kept when it overlaps the crop and its clipped area is positive);
 * :func:`meet_emit`: ``MeetEmitConstraint`` (CENTER: the box's centre lies in the crop,
@@ -12,18 +13,19 @@ util/im_transforms.cpp), on normalized ``[xmin, ymin, xmax, ymax]`` float32 arra
   aspect ratio uniform in their ranges, the ratio then clamped to [scale², 1/scale²] so the
   box fits, its corner uniform), ``SatisfySampleConstraint`` (see :func:`satisfies`) and
   ``GenerateBatchSamples`` (each sampler in turn: up to ``max_trials`` draws, stopping at
-  ``max_sample`` kept);
+  ``max_sample`` kept; the draws of a sampler are made and checked as one array, and the
+  generator left where the fork's one-at-a-time loop leaves it);
 * :func:`resize_boxes`: ``UpdateBBoxByResizePolicy``, boxes through a resize_param.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.runtime.outputs.boxes import areas, intersections, iou
 
 _F = np.float32
 RP = caffe_pb2.ResizeParameter
@@ -31,8 +33,7 @@ RP = caffe_pb2.ResizeParameter
 
 def area(boxes: np.ndarray) -> np.ndarray:
     """``BBoxSize`` (normalized): 0 for an inverted box."""
-    w, h = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
-    return np.where((w < 0) | (h < 0), _F(0), w * h).astype(_F)
+    return areas(boxes).astype(_F)
 
 
 def intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -45,12 +46,7 @@ def intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def jaccard(boxes: np.ndarray, box: np.ndarray) -> np.ndarray:
     """``JaccardOverlap`` of each of ``boxes`` (K, 4) with ``box`` (4,)."""
-    inter = intersect(boxes, box)
-    iw, ih = inter[..., 2] - inter[..., 0], inter[..., 3] - inter[..., 1]
-    size = iw * ih
-    union = area(boxes) + area(box[None])[0] - size
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where((iw > 0) & (ih > 0), size / union, _F(0)).astype(_F)
+    return iou(boxes, box[None])[:, 0].astype(_F)
 
 
 def coverage(boxes: np.ndarray, box: np.ndarray) -> np.ndarray:
@@ -101,38 +97,56 @@ def meet_emit(crop: np.ndarray, boxes: np.ndarray, emit: caffe_pb2.EmitConstrain
     return coverage(boxes, crop) > _F(emit.emit_overlap)
 
 
+def _draw(sampler: caffe_pb2.Sampler, u: np.ndarray) -> np.ndarray:
+    """``SampleBBox`` for each row of ``u`` (T, 4), the uniforms its four ``caffe_rng_uniform``
+    calls draw in turn (scale, aspect ratio, x offset, y offset): (T, 4) boxes in [0, 1]²,
+    the same float64 values as numpy's ``uniform(low, high)`` calls give (``low + (high −
+    low) · u``). The ratio is clamped to [scale², 1/scale²] so the box fits; at the clamp a
+    side may pass 1 by rounding, and its offset is then 0."""
+    scale = sampler.min_scale + (sampler.max_scale - sampler.min_scale) * u[:, 0]
+    low, high = sampler.min_aspect_ratio, sampler.max_aspect_ratio
+    ratio = np.minimum(np.maximum(low + (high - low) * u[:, 1], scale * scale),
+                       1 / (scale * scale))  # fmt: skip
+    width, height = scale * np.sqrt(ratio), scale / np.sqrt(ratio)
+    w_off = np.maximum(0.0, 1 - width) * u[:, 2]
+    h_off = np.maximum(0.0, 1 - height) * u[:, 3]
+    return np.stack([w_off, h_off, w_off + width, h_off + height], -1)
+
+
 def sample_box(sampler: caffe_pb2.Sampler, rng: np.random.Generator) -> tuple[float, ...]:
-    """``SampleBBox``: a random box in [0, 1]² (plain floats: the samplers draw hundreds of
-    boxes per image, and numpy's per-call cost would dominate)."""
-    scale = rng.uniform(sampler.min_scale, sampler.max_scale)
-    ratio = rng.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio)
-    ratio = min(max(ratio, scale * scale), 1 / (scale * scale))
-    width, height = scale * math.sqrt(ratio), scale / math.sqrt(ratio)
-    # at the clamp, a side may pass 1 by rounding: the corner is then 0
-    w_off = rng.uniform(0, max(0.0, 1 - width))
-    h_off = rng.uniform(0, max(0.0, 1 - height))
-    return (w_off, h_off, w_off + width, h_off + height)
+    """``SampleBBox``: one random box in [0, 1]² (four uniforms drawn from ``rng``)."""
+    return tuple(float(v) for v in _draw(sampler, rng.random((1, 4)))[0])
 
 
-def _area(b: tuple[float, ...]) -> float:
-    w, h = b[2] - b[0], b[3] - b[1]
-    return 0.0 if w < 0 or h < 0 else w * h
+def _measures(boxes: np.ndarray, objects: np.ndarray) -> dict[str, np.ndarray]:
+    """(T, K) jaccard overlap, sample coverage and object coverage of each sample box with
+    each object (float64, normalized)."""
+    inter = intersections(boxes, objects)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sample = np.where(inter > 0, inter / areas(boxes)[:, None], 0.0)
+        covered = np.where(inter > 0, inter / areas(objects)[None], 0.0)
+    return {"jaccard_overlap": iou(boxes, objects), "sample_coverage": sample,
+            "object_coverage": covered}  # fmt: skip
 
 
-def _inter(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:
-    """Width and height of ``IntersectBBox`` (0, 0 when apart)."""
-    if b[0] > a[2] or b[2] < a[0] or b[1] > a[3] or b[3] < a[1]:
-        return 0.0, 0.0
-    return min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
-
-
-def _measures(box: tuple[float, ...], obj: tuple[float, ...]) -> dict[str, float]:
-    iw, ih = _inter(box, obj)
-    inter = iw * ih if iw > 0 and ih > 0 else 0.0
-    union = _area(box) + _area(obj) - inter
-    return {"jaccard_overlap": inter / union if inter > 0 else 0.0,
-            "sample_coverage": inter / _area(box) if inter > 0 else 0.0,
-            "object_coverage": inter / _area(obj) if inter > 0 else 0.0}  # fmt: skip
+def satisfied(boxes: np.ndarray, objects: np.ndarray,
+              constraint: caffe_pb2.SampleConstraint) -> np.ndarray:  # fmt: skip
+    """:func:`satisfies` for each of ``boxes`` (T, 4): a (T,) mask."""
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    objects = np.asarray(objects, np.float64).reshape(-1, 4)
+    has = constraint.HasField
+    for name in ("jaccard_overlap", "sample_coverage", "object_coverage"):
+        low, high = has(f"min_{name}"), has(f"max_{name}")
+        if not (low or high):
+            continue
+        value = _measures(boxes, objects)[name]
+        ok = np.ones(value.shape, bool)
+        if low:
+            ok &= value >= getattr(constraint, f"min_{name}")
+        if high:
+            ok &= value <= getattr(constraint, f"max_{name}")
+        return ok.any(axis=1)
+    return np.ones(len(boxes), bool)
 
 
 def satisfies(box, objects, constraint: caffe_pb2.SampleConstraint) -> bool:
@@ -141,19 +155,25 @@ def satisfies(box, objects, constraint: caffe_pb2.SampleConstraint) -> bool:
     coverage, object coverage. With one kind (all of SSD's recipes) that is "some object meets
     every bound"; with several the fork's ``found`` flag outlives the object that set it, so a
     later kind's bounds never reject a sample, and that is reproduced here."""
-    has = constraint.HasField
-    for name in ("jaccard_overlap", "sample_coverage", "object_coverage"):
-        low, high = has(f"min_{name}"), has(f"max_{name}")
-        if not (low or high):
-            continue
-        lo, hi = getattr(constraint, f"min_{name}"), getattr(constraint, f"max_{name}")
-        box = tuple(float(v) for v in box)
-        for obj in objects:
-            value = _measures(box, tuple(float(v) for v in obj))[name]
-            if (not low or value >= lo) and (not high or value <= hi):
-                return True
-        return False
-    return True
+    return bool(satisfied([box], objects, constraint)[0])
+
+
+def _sampled(batch_sampler: caffe_pb2.BatchSampler, objects: np.ndarray,
+             rng: np.random.Generator) -> list[np.ndarray]:  # fmt: skip
+    """One sampler's kept boxes: its ``max_trials`` draws made at once, cut after the
+    ``max_sample``-th kept one, and ``rng`` put back where the fork's loop leaves it (four
+    uniforms per trial it made)."""
+    limit = batch_sampler.max_sample if batch_sampler.HasField("max_sample") else None
+    if limit == 0:
+        return []
+    start = rng.bit_generator.state
+    boxes = _draw(batch_sampler.sampler, rng.random((batch_sampler.max_trials, 4)))
+    hits = np.flatnonzero(satisfied(boxes, objects, batch_sampler.sample_constraint))
+    if limit is not None and len(hits) >= limit:
+        hits = hits[:limit]
+        rng.bit_generator.state = start
+        rng.random(4 * (int(hits[-1]) + 1))
+    return [np.array(boxes[i], _F) for i in hits]
 
 
 def batch_samples(samplers: Sequence[caffe_pb2.BatchSampler], objects: np.ndarray,
@@ -161,18 +181,10 @@ def batch_samples(samplers: Sequence[caffe_pb2.BatchSampler], objects: np.ndarra
     """``GenerateBatchSamples``: the boxes every sampler kept, in sampler order (each
     ``LocateBBox``'d in the unit box, which leaves it as it is)."""
     kept: list[np.ndarray] = []
-    objs = [tuple(float(v) for v in o) for o in np.asarray(objects).reshape(-1, 4)]
+    objs = np.asarray(objects, np.float64).reshape(-1, 4)
     for batch_sampler in samplers:
-        if not batch_sampler.use_original_image:
-            continue
-        found = 0
-        for _ in range(batch_sampler.max_trials):
-            if batch_sampler.HasField("max_sample") and found >= batch_sampler.max_sample:
-                break
-            box = sample_box(batch_sampler.sampler, rng)
-            if satisfies(box, objs, batch_sampler.sample_constraint):
-                found += 1
-                kept.append(np.array(box, _F))
+        if batch_sampler.use_original_image:
+            kept += _sampled(batch_sampler, objs, rng)
     return kept
 
 

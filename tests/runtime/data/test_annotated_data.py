@@ -15,7 +15,7 @@ from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datu
 from caffe2jax.runtime.data.records.datum import array_to_datum
 from caffe2jax.runtime.data.records.db import Writer, open_db
 from caffe2jax.runtime.data.sources import make_source
-from tests.synthetic_boxes import load_make_boxes
+from examples.detection.synthetic_boxes import make_dataset
 
 from .helpers import layer
 
@@ -52,7 +52,7 @@ def read_all(path) -> list[tuple[np.ndarray, Boxes]]:
 @pytest.fixture(scope="module")
 def boxes_set(tmp_path_factory):
     out = tmp_path_factory.mktemp("boxes")
-    return load_make_boxes().make_dataset(out, train=10, test=3, size=64)
+    return make_dataset(out, train=10, test=3, size=64)
 
 
 def test_ssd_recipe_shapes_and_label_rows(boxes_set):

@@ -1,5 +1,6 @@
-"""The built-in py-faster-rcnn RoIDataLayer (runtime/data/roi_data.py) over an AnnotatedDatum
-LMDB from scripts/frcnn_boxes.py: tops, scaling, box conversion, flips, padding, resume."""
+"""The built-in py-faster-rcnn RoIDataLayer (runtime/data/readers/roi_data.py) over an
+AnnotatedDatum LMDB from examples/detection/synthetic_boxes.py: tops, scaling, box conversion,
+flips, padding, resume."""
 
 from __future__ import annotations
 

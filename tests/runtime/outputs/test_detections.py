@@ -14,7 +14,7 @@ from caffe2jax.frontend.errors import NetError
 from caffe2jax.runtime.formats.weights import save_weights
 from caffe2jax.runtime.outputs.detections import Detection, detect, from_detection_output, from_rcnn
 
-TINY_SSD = Path(__file__).resolve().parents[2] / "examples" / "detection" / "tiny_ssd.prototxt"
+TINY_SSD = Path(__file__).resolve().parents[3] / "examples" / "detection" / "tiny_ssd.prototxt"
 
 
 def _image(h=48, w=80, seed=0) -> np.ndarray:
