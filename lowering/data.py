@@ -23,49 +23,39 @@ from caffe2jax.lowering.util import fail
 @dataclass(frozen=True)
 class DataLayer:
     """One of Caffe's data layer types as the whole pipeline sees it: the blob counts Caffe
-    checks, who fills its tops, and the runtime class that reads (or writes) its data.
+    checks and who fills its tops.
 
     ``feed``: ``"caller"`` (Input: the user's arrays), ``"memory"`` (MemoryData's arrays given
     to ``set_input_arrays``), ``"pipeline"`` (read from files by ``caffe2jax.runtime.data``) or
-    ``"sink"`` (HDF5Output: written after each forward). ``reader`` names the runtime class as
-    ``"module:Class"`` (resolved by the runtime, as Caffe's layer_factory names a creator);
-    ``None`` where caffe2jax has no reader for the type yet.
+    ``"sink"`` (HDF5Output: written after each forward). The runtime registers the class
+    that reads (or writes) each type's data under the same type string.
     """
 
     counts: tuple[int, int | None, int, int | None]
     feed: str
-    reader: str | None = None
 
-
-_DATA = "caffe2jax.runtime.data.readers."
 
 # The one table of data layers: lowering registers them from it, the feeder and the source
 # and sink factories (caffe2jax.runtime.data) dispatch on it.
 DATA_LAYERS: dict[str, DataLayer] = {
     "Input": DataLayer((0, 0, 1, None), "caller"),
-    "MemoryData": DataLayer((0, 0, 2, 2), "memory", "caffe2jax.runtime.data.feeding:MemoryData"),
-    "Data": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "data_layer:DataLayerSource"),
-    "ImageData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "image_data:ImageDataSource"),
-    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5_data:HDF5DataSource"),
-    "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
-    "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5_data:HDF5OutputSink"),
+    "MemoryData": DataLayer((0, 0, 2, 2), "memory"),
+    "Data": DataLayer((0, 0, 1, 2), "pipeline"),
+    "ImageData": DataLayer((0, 0, 2, 2), "pipeline"),
+    "HDF5Data": DataLayer((0, 0, 1, None), "pipeline"),
+    "WindowData": DataLayer((0, 0, 2, 2), "pipeline"),
+    "HDF5Output": DataLayer((2, 2, 0, 0), "sink"),
     # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
-    "DenseImageData": DataLayer(
-        (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"
-    ),
-    "ImageSegData": DataLayer(
-        (0, 0, 2, 3), "pipeline", _DATA + "image_seg_data:ImageSegDataSource"
-    ),
+    "DenseImageData": DataLayer((0, 0, 2, 2), "pipeline"),
+    "ImageSegData": DataLayer((0, 0, 2, 3), "pipeline"),
     # VideoData: C3D needs both tops (its reader checks), SSD's (refused) has one or two
-    "VideoData": DataLayer((0, 0, 1, 2), "pipeline", _DATA + "video_data:VideoDataSource"),
+    "VideoData": DataLayer((0, 0, 1, 2), "pipeline"),
     # SSD's images with boxes: label (1, 1, G, 8), G fixed when the layer opens
-    "AnnotatedData": DataLayer(
-        (0, 0, 1, 2), "pipeline", _DATA + "annotated_data:AnnotatedDataSource"
-    ),
+    "AnnotatedData": DataLayer((0, 0, 1, 2), "pipeline"),
     # caffe2jax's built-in py-faster-rcnn roi_data_layer.layer.RoIDataLayer (a Python layer
     # in the prototxt; lowering/python_layer.py gives it this type when the user's module is
     # not importable)
-    "RoIData": DataLayer((0, 0, 3, 3), "pipeline", _DATA + "roi_data:RoIDataSource"),
+    "RoIData": DataLayer((0, 0, 3, 3), "pipeline"),
 }
 
 

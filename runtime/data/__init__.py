@@ -1,4 +1,7 @@
-"""Host-side data pipeline: Caffe's data layers, DataTransformer, databases and dataset tools."""
+"""Host-side data pipeline: Caffe's data layers (:mod:`.readers`, one per type), their records
+and databases (:mod:`.records`), decoding and DataTransformer (:mod:`.transform`), and the
+feeding, prefetching and worker threads around them. Caffe's dataset tools are
+:mod:`caffe2jax.runtime.tools`."""
 
 from caffe2jax.runtime.data.base import ItemSource
 from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
@@ -28,7 +31,6 @@ from caffe2jax.runtime.data.transform.image import (
 )
 from caffe2jax.runtime.data.transform.transformer import DataTransformer
 from caffe2jax.runtime.data.workers import available_cores, default_workers, set_default_workers
-from caffe2jax.runtime.tools.imageset import compute_image_mean, convert_imageset
 
 __all__ = [
     "Cursor",
@@ -46,8 +48,6 @@ __all__ = [
     "available_cores",
     "array_to_datum",
     "blobproto_to_array",
-    "compute_image_mean",
-    "convert_imageset",
     "datum_to_array",
     "default_workers",
     "decode_image",

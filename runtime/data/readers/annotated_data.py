@@ -35,6 +35,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.readers.data_layer import DataLayerSource
 from caffe2jax.runtime.data.records.annotated_datum import (
     ROW,
@@ -60,6 +61,7 @@ def max_rows(counts: list[int], batch_size: int) -> int:
     return max(1, sum(sorted(ordered * repeats, reverse=True)[:batch_size]))
 
 
+@reader("AnnotatedData")
 class AnnotatedDataSource(DataLayerSource):
     """SSD's ``AnnotatedData`` layer (see the module doc)."""
 

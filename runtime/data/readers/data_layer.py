@@ -27,6 +27,7 @@ from caffe2jax.runtime.data.base import (
 )
 from caffe2jax.runtime.data.files import resolve_input
 from caffe2jax.runtime.data.memo import Memo
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.records.datum import datum_to_array, parse_datum
 from caffe2jax.runtime.data.records.db import Cursor, open_db
 from caffe2jax.runtime.data.records.selection import Sampler
@@ -49,6 +50,7 @@ def _warn_deprecated(layer: caffe_pb2.LayerParameter) -> None:
         )
 
 
+@reader("Data")
 class DataLayerSource(ItemSource):
     """Caffe's ``Data`` layer over an LMDB or LevelDB of Datum records."""
 

@@ -28,6 +28,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops, positive_batch_size
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.readers.pair_list import Pair, PairListSource, read_gray
 from caffe2jax.runtime.data.transform.image import read_image
 from caffe2jax.runtime.data.transform.transformer import DataTransformer, uniform_ints
@@ -42,6 +43,7 @@ def _both_or_neither(layer, param, a: str, b: str) -> tuple[int, int]:
     return va, vb
 
 
+@reader("DenseImageData")
 class DenseImageDataSource(PairListSource):
     """SegNet/ENet's ``DenseImageData`` layer."""
 

@@ -39,6 +39,7 @@ from caffe2jax.runtime.data.base import (
 )
 from caffe2jax.runtime.data.files import parse_hdf5_list, resolve_input
 from caffe2jax.runtime.data.memo import Memo
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.formats import hdf5_read
 from caffe2jax.runtime.formats.atomic import atomic_path
 
@@ -65,6 +66,7 @@ def load_hdf5_tops(path: Path, names: Sequence[str]) -> list[np.ndarray]:
     return arrays
 
 
+@reader("HDF5Data")
 class HDF5DataSource(DataSource):
     """Caffe's ``HDF5Data`` layer."""
 
@@ -179,6 +181,7 @@ def legacy_shape(shape: tuple[int, ...], where: str) -> tuple[int, int, int, int
     return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
 
 
+@reader("HDF5Output")
 class HDF5OutputSink:
     """Caffe's ``HDF5Output`` layer: writes (data, label) batches to an HDF5 file."""
 

@@ -26,6 +26,7 @@ from caffe2jax.runtime.data.base import (
 )
 from caffe2jax.runtime.data.files import ListEntry, parse_list_file, resolve_input
 from caffe2jax.runtime.data.memo import Memo
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.transform.guards import check_image_tops
 from caffe2jax.runtime.data.transform.image import read_image
 from caffe2jax.runtime.data.transform.transformer import DataTransformer
@@ -33,6 +34,7 @@ from caffe2jax.runtime.data.transform.transformer import DataTransformer
 log = logging.getLogger(__name__)
 
 
+@reader("ImageData")
 class ImageDataSource(ItemSource):
     """Caffe's ``ImageData`` layer: image files named by a list file."""
 

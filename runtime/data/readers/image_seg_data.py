@@ -33,6 +33,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops, positive_batch_size
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.readers.pair_list import (
     Pair,
     PairListSource,
@@ -59,6 +60,7 @@ def _crop(layer: caffe_pb2.LayerParameter) -> tuple[int, int]:
     return int(t.crop_size), int(t.crop_size)
 
 
+@reader("ImageSegData")
 class ImageSegDataSource(PairListSource):
     """DeepLab's ``ImageSegData`` layer."""
 

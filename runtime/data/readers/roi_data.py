@@ -47,6 +47,7 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import ItemSource, Planned, check_phase, make_rngs
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.records.annotated_datum import decode_annotated, parse_annotated_datum
 from caffe2jax.runtime.data.records.db import open_db
 
@@ -103,6 +104,7 @@ def record_size(value: bytes, where: str) -> tuple[int, int]:
     return int(height), int(width)
 
 
+@reader("RoIData")
 class RoIDataSource(ItemSource):
     """The built-in RoIDataLayer (module docstring): tops data, im_info, gt_boxes."""
 

@@ -38,6 +38,7 @@ from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import Planned, check_phase, check_tops, positive_batch_size
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.readers.pair_list import PairListSource
 from caffe2jax.runtime.data.transform.image import read_image
 from caffe2jax.runtime.data.transform.transformer import uniform_ints
@@ -101,6 +102,7 @@ def read_volume_mean(path: Path) -> np.ndarray:
     return blob.values.astype(_F).reshape(blob.dims[1:])
 
 
+@reader("VideoData")
 class VideoDataSource(PairListSource):
     """C3D's ``VideoData`` layer."""
 

@@ -40,6 +40,7 @@ from caffe2jax.runtime.data.base import (
     positive_batch_size,
 )
 from caffe2jax.runtime.data.files import resolve_input
+from caffe2jax.runtime.data.readers import reader
 from caffe2jax.runtime.data.records.datum import read_blobproto
 from caffe2jax.runtime.data.transform.image import decode_image, resize
 from caffe2jax.runtime.data.transform.transformer import uniform_ints
@@ -81,6 +82,7 @@ def parse_window_file(path: Path, root: str) -> tuple[list[tuple[str, int]], lis
     return [images[i] for i in sorted(images)], windows
 
 
+@reader("WindowData")
 class WindowDataSource(ItemSource):
     """Caffe's ``WindowData`` layer."""
 
