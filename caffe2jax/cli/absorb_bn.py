@@ -12,10 +12,10 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "absorb_bn",
         help="fold INFERENCE BN (and test-phase SpatialDropout) layers into their convolutions",

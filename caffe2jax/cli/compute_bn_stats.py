@@ -15,11 +15,11 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.frontend.errors import NetError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "compute_bn_stats",
         help="fold SegNet/ENet BN batch statistics into INFERENCE weights",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.runtime.data.records.db import BACKENDS
 from caffe2jax.runtime.tools.imageset import convert_imageset
 
@@ -42,7 +42,7 @@ def add_storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
 
 
-def add(subparsers: argparse._SubParsersAction) -> None:
+def add(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "convert_imageset",
         help="convert a list of images to an LMDB/LevelDB of Datum records",

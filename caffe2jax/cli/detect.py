@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 from caffe2jax.frontend.errors import DataError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("detect", help="print the detections of a detector net on images")
     p.add_argument("model", help="deploy net prototxt (SSD, YOLO, Faster R-CNN, R-FCN)")
     p.add_argument("weights", help=".caffemodel or .caffemodel.h5")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 from caffe2jax.frontend.errors import DataError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("segment", help="label maps (argmax over classes) of a segmentation net")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     p.add_argument("--model", required=True, help="deploy net prototxt")

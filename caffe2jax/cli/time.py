@@ -12,11 +12,11 @@ import argparse
 import jax
 
 from caffe2jax import logs
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.frontend.errors import CaffeError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("time", help="time a net's forward and backward passes")
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int32, default=50)
@@ -44,9 +44,10 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from caffe2jax.cli.summary import parse_shapes, source_shapes
+    from caffe2jax.cli.args import parse_shapes
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
+    from caffe2jax.runtime.data.feeding import source_shapes
     from caffe2jax.runtime.host.memory import check_net_fits
     from caffe2jax.runtime.tools.timing import LayerTime, random_inputs, time_net
 

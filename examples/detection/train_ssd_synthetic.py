@@ -241,17 +241,14 @@ def prior_coverage(work: Path) -> None:
     test set's boxes (its ``label`` top), as MultiBoxLoss matches them (``overlap_threshold``
     0.5; each box also takes its best prior, so a box has at least one positive)."""
     import caffe2jax as caffe
+    from caffe2jax.runtime.outputs.boxes import iou as overlaps
 
     net = caffe.Net(str(work / "test.prototxt"), caffe.TEST)
     net.forward()
     priors = np.asarray(net.blobs["mbox_priorbox"].data)[0, 0].reshape(-1, 4)
     label = np.asarray(net.blobs["label"].data).reshape(-1, 8)
     boxes = label[label[:, 1] >= 0]
-    lo, hi = np.maximum(boxes[:, None, 3:5], priors[None, :, :2]), np.minimum(
-        boxes[:, None, 5:7], priors[None, :, 2:])  # fmt: skip
-    inter = np.prod(np.clip(hi - lo, 0, None), axis=-1)
-    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
-    iou = inter / (area(boxes[:, 3:7])[:, None] + area(priors)[None, :] - inter)
+    iou = overlaps(boxes[:, 3:7], priors)
     best, images = iou.max(axis=1), len(set(boxes[:, 0].astype(int)))
     positives = np.maximum((iou > 0.5).sum(axis=1), 1).sum()
     maps = [tuple(net.blobs[n].data.shape[2:]) for n in net.blobs if n.endswith("_mbox_loc")]

@@ -33,6 +33,27 @@ def open_source(
     return make_source(layer.param, phase, base_dir=base_dir, seed=seed, form=layer.form)
 
 
+def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
+    """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
+    ``({}, reason)`` when a source cannot be opened here. No prefetching starts (a huge
+    declared batch is reported by the size check, never read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in net.layers:
+        try:
+            source = open_source(layer, net.phase, base_dir)
+        except DataError as err:
+            return {}, str(err)
+        if source is None:
+            continue
+        try:
+            shapes.update(zip(layer.top_names, source.top_shapes()))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+    return shapes, ""
+
+
 class Feeder:
     """All host-fed data layers of one net: shapes for compiling, batches for each forward.
 

@@ -41,7 +41,7 @@ from caffe2jax.runtime.data.records.annotated_datum import (
 from caffe2jax.runtime.data.records.datum import array_to_datum, encoded_datum
 from caffe2jax.runtime.data.records.db import Writer
 from caffe2jax.runtime.data.transform.image import encode_image, read_image, resize
-from caffe2jax.runtime.tools.imageset import _extension, _matches
+from caffe2jax.runtime.tools.imageset import extension, matches_encoding
 
 log = logging.getLogger(__name__)
 LABEL_TYPES = ("xml", "txt")
@@ -181,7 +181,7 @@ def read_scaled_image(path: str, *, height: int, width: int, min_dim: int, max_d
 def _datum(image: np.ndarray, path: str, encoding: str, resized: bool) -> caffe_pb2.Datum:
     if not encoding:
         return array_to_datum(image)
-    if not resized and _matches(path, encoding):
+    if not resized and matches_encoding(path, encoding):
         datum = encoded_datum(Path(path).read_bytes())
     else:
         datum = encoded_datum(encode_image(image, encoding))
@@ -238,7 +238,7 @@ def convert_annoset(
     expected = None
     with Writer(db_path, backend) as writer:
         for line_id, (image_path, label_path, number) in enumerate(pairs):
-            encoding = encode_type or (_extension(image_path) if encoded else "")
+            encoding = encode_type or (extension(image_path) if encoded else "")
             if encoded and not encoding:
                 raise DataError(f"{listfile}:{number}: cannot guess the encoding of "
                                 f"{image_path!r}")  # fmt: skip

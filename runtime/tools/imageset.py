@@ -38,13 +38,15 @@ from caffe2jax.runtime.data.transform.image import encode_image, read_image
 log = logging.getLogger(__name__)
 
 
-def _extension(name: str) -> str:
+def extension(name: str) -> str:
+    """A file name's extension, lower-cased ("" without one): the encoding an encoded record
+    takes when ``encode_type`` is empty, as convert_imageset's ``GetFileExtension``."""
     return name.rsplit(".", 1)[1].lower() if "." in Path(name).name else ""
 
 
-def _matches(name: str, encoding: str) -> bool:
+def matches_encoding(name: str, encoding: str) -> bool:
     """Caffe's ``matchExt``: the file's extension is the encoding (jpeg counts as jpg)."""
-    ext, enc = _extension(name), encoding.lower()
+    ext, enc = extension(name), encoding.lower()
     return ext == enc or (enc == "jpg" and ext == "jpeg")
 
 
@@ -61,7 +63,7 @@ def image_to_datum(
     image = read_image(path, height=height, width=width, is_color=is_color)
     if not encoding:
         return array_to_datum(image, label)
-    if not height and not width and _matches(path, encoding):
+    if not height and not width and matches_encoding(path, encoding):
         return encoded_datum(Path(path).read_bytes(), label)
     return encoded_datum(encode_image(image, encoding), label)
 
@@ -92,7 +94,7 @@ def convert_imageset(
         for line_id, entry in enumerate(entries):
             encoding = encode_type
             if encoded and not encoding:
-                encoding = _extension(entry.path)
+                encoding = extension(entry.path)
                 if not encoding:
                     raise DataError(
                         f"{listfile}:{entry.line}: cannot guess the encoding of {entry.path!r}"

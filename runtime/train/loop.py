@@ -31,8 +31,8 @@ from caffe2jax.runtime.parallel.devices import make_mesh
 from caffe2jax.runtime.train import snapshots, solvers
 from caffe2jax.runtime.train.compiled import CompiledNet, shared_layers
 from caffe2jax.runtime.train.detection_eval import DetectionTally, check_eval
+from caffe2jax.runtime.train.rules import check_solver_type
 from caffe2jax.runtime.train.setup import (
-    SOLVER_RULES,
     long_test_warnings,
     net_sources,
     net_state,
@@ -56,10 +56,7 @@ class SolverLoop:
         self.mesh = make_mesh(devices) if devices is not None else None
         self.param, self.folder = read_solver_param(source)
         self.log = logger or log
-        if self.param.type not in SOLVER_RULES:
-            raise SolverError(
-                f"unknown solver type '{self.param.type}'; known: {', '.join(SOLVER_RULES)}"
-            )
+        check_solver_type(self.param)
         check_eval(self.param)
         if self.mesh is not None and self.param.eval_type == "detection":
             raise SolverError("eval_type detection is not supported with several devices")
@@ -293,7 +290,8 @@ class SolverLoop:
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
         if self.mesh is not None:
-            return data_parallel.test_on_mesh(self, index, params, state)
+            return data_parallel.test_on_mesh(self, index, params, state,
+                                              self._test_forward[index])  # fmt: skip
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None
