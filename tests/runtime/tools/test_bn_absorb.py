@@ -12,7 +12,7 @@ import numpy as np
 from caffe2jax.frontend.pipeline import load_param
 from caffe2jax.runtime.tools.bn_absorb import absorb
 
-ENET = Path(__file__).resolve().parents[2].parent / "shared/forks/models/enet_deploy_bn.prototxt"
+ENET = Path(__file__).resolve().parents[3].parent / "shared/forks/models/enet_deploy_bn.prototxt"
 
 
 def test_enet_deploy_folds_what_the_script_folds():
