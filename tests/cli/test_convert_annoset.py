@@ -1,4 +1,4 @@
-"""``caffe2jax convert_annoset`` (caffe2jax/cli/convert_annoset.py, runtime/data/annoset.py):
+"""``caffe2jax convert_annoset`` (caffe2jax/cli/convert_annoset.py, runtime/tools/annoset.py):
 VOC XML and txt annotations into AnnotatedDatum LMDBs, the synthetic set of
 examples/detection/synthetic_boxes.py, and its errors."""
 

@@ -1,4 +1,4 @@
-"""caffe2jax/cli/logs.py: the terminal check reads the stderr of the moment, and a closed
+"""caffe2jax/logs.py: the terminal check reads the stderr of the moment, and a closed
 stream (a test's captured stderr, a detached pipe) is not a terminal rather than an error."""
 
 from __future__ import annotations

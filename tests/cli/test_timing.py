@@ -1,4 +1,4 @@
-"""`caffe2jax time` (caffe2jax/cli/timing.py): Caffe's per-layer lines from per-layer programs, the
+"""`caffe2jax time` (runtime/tools/timing.py): Caffe's per-layer lines from per-layer programs, the
 fused whole-net figures, and the CLI's persistent compilation cache (on by default, off by flag
 or environment variable). Timings themselves are measured in benchmarks/, never asserted."""
 

@@ -1,4 +1,4 @@
-"""``caffe2jax train`` on SSD's AnnotatedData (runtime/data/annotated_data.py) from a
+"""``caffe2jax train`` on SSD's AnnotatedData (runtime/data/readers/annotated_data.py) from a
 convert_annoset LMDB: a small SSD with the fork's recipe (distort, expand, samplers, resize,
 mirror) learns for a few iterations, the test net reports ``detection_eval`` (solver
 ``eval_type: "detection"``; DetectionEvaluate on pixel boxes with a ``name_size_file``), and

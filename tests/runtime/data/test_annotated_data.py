@@ -1,5 +1,5 @@
-"""SSD's AnnotatedData layer (runtime/data/annotated_data.py): shapes and the fixed label top
-(real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
+"""SSD's AnnotatedData layer (runtime/data/readers/annotated_data.py): shapes and the fixed label
+top (real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
 worker threads and on resume, and one-line errors."""
 
 from __future__ import annotations

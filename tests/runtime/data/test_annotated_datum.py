@@ -1,4 +1,4 @@
-"""AnnotatedDatum records and LabelMap files (runtime/data/annotated_datum.py)."""
+"""AnnotatedDatum records and LabelMap files (runtime/data/records/annotated_datum.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SSD's AnnotatedData transform (runtime/data/annotated_transform.py): boxes stay on their
+"""SSD's AnnotatedData transform (runtime/data/transform/annotated.py): boxes stay on their
 pixels through expand, crop, resize and mirror; emit_constraint CENTER keeps exactly the
 boxes whose centre lies in the crop; resize modes' shapes; one-line errors."""
 

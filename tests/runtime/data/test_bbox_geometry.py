@@ -1,5 +1,5 @@
-"""SSD's box geometry (runtime/data/bbox_geometry.py): overlaps against hand-worked cases, and
-the batch samplers' constraints over many draws."""
+"""SSD's box geometry (runtime/data/transform/bbox_geometry.py): overlaps against hand-worked
+cases, and the batch samplers' constraints over many draws."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SegNet/ENet's DenseImageData (runtime/data/dense_image_data.py): shapes, values against a
+"""SegNet/ENet's DenseImageData (runtime/data/readers/dense_image_data.py): shapes, values against a
 hand computation (mean, scale, the same crop and mirror for image and label), nearest-neighbour
 label resizing, ENet's label_divide_factor, determinism with worker threads and on resume,
 and one-line errors."""

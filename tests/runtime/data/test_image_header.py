@@ -1,6 +1,7 @@
-"""Image sizes read from headers and checked before decoding (runtime/data/image_header.py):
-a header claiming 100000×100000 pixels is refused with one line naming the record or file,
-by both decoders, through the Data and ImageData layers and the CLI."""
+"""Image sizes read from headers and checked before decoding
+(runtime/data/transform/image_header.py): a header claiming 100000×100000 pixels is refused with
+one line naming the record or file, by both decoders, through the Data and ImageData layers and the
+CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeepLab's ImageSegData (runtime/data/image_seg_data.py): shapes, values against a hand
+"""DeepLab's ImageSegData (runtime/data/readers/image_seg_data.py): shapes, values against a hand
 computation (mean, scale, the same crop and mirror for image and label, padding with the mean
 and with ignore_label), label_type PIXEL/IMAGE/NONE, v2's data_dim top and scale_factors,
 DeepLab v1's form, determinism with worker threads and on resume, and one-line errors."""

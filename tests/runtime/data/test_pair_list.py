@@ -1,4 +1,4 @@
-"""The forks' pair lists (runtime/data/pair_list.py): parsing, the list walk shared by
+"""The forks' pair lists (runtime/data/readers/pair_list.py): parsing, the list walk shared by
 DenseImageData, ImageSegData and VideoData (shuffle at each wrap-around, rand_skip) and
 skipping batches undecoded (other processes' batches) to the exact state reading them leaves."""
 

@@ -1,4 +1,4 @@
-"""C3D's VideoData (runtime/data/video_data.py) over folders of %06d.jpg frames: clip shapes
+"""C3D's VideoData (runtime/data/readers/video_data.py) over folders of %06d.jpg frames: clip shapes
 (N, 3, L, H, W), values against a hand computation (one crop and mirror for every frame of a
 clip, 5-D mean file at the source position, mean_value, scale), sampling rate, temporal
 jitter, multiple labels, C3D v1.0's form (its 5-D BlobProto mean file, Rand(H − crop)),

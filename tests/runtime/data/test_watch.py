@@ -1,4 +1,4 @@
-"""A database changed under a running ``train`` (runtime/data/watch.py): deleted, replaced,
+"""A database changed under a running ``train`` (runtime/data/records/watch.py): deleted, replaced,
 truncated to half or made unreadable while the solver reads it. Each is told in one DataError
 line within one epoch (of 16 batches; the prefetch queue holds 4), and a snapshot asked for
 after the change is refused: no snapshot names a position in a database that is no longer the

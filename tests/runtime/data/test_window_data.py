@@ -1,4 +1,4 @@
-"""Caffe's WindowData layer (runtime/data/window_data.py): the window file, the foreground /
+"""Caffe's WindowData layer (runtime/data/readers/window_data.py): the window file, the foreground /
 background split and batch layout, the warp with context padding (hand-computed from
 window_data_layer.cpp's arithmetic), mirror, means and scale, and its errors."""
 

@@ -1,4 +1,4 @@
-"""The memory check compares with the process's own limits (runtime/parallel/memory.py):
+"""The memory check compares with the process's own limits (runtime/host/memory.py):
 RLIMIT_AS (``ulimit -v``), the cgroup's memory limit (v2 ``memory.max``, v1
 ``memory.limit_in_bytes``), not only MemAvailable; a net or a batch needing more is refused
 before anything is allocated, with the figure and the limit in one line.

@@ -1,4 +1,4 @@
-"""runtime/ctc_decode.py: greedy CTC decoding of (T, N, C) and (N, T, C) scores, by hand."""
+"""runtime/outputs/ctc_decode.py: greedy CTC decoding of (T, N, C) and (N, T, C) scores, by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decoded detections (runtime/detections.py): a whole SSD-style net against OpenCV dnn with
+"""Decoded detections (runtime/outputs/detections.py): a whole SSD-style net against OpenCV dnn with
 the same weights and image, pixel boxes, py-faster-rcnn's test-time decoding by hand."""
 
 from __future__ import annotations

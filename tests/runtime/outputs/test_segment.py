@@ -1,4 +1,4 @@
-"""runtime/segment.py: label maps from a segmenter's scores, and ``caffe2jax segment``."""
+"""runtime/outputs/segment.py: label maps from a segmenter's scores, and ``caffe2jax segment``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""runtime/bn_absorb.py on ENet's own deploy net (../shared/forks/models/enet_deploy_bn.prototxt):
-the layers folded by dataflow are exactly those BN-absorber-enet.py folds by position (every BN
-right after a Convolution — not bn0_1 after the Concat, nor the BNs after Deconvolutions — and
-every SpatialDropout), and the net left reads only blobs that are still written."""
+"""runtime/tools/bn_absorb.py on ENet's own deploy net
+(../shared/forks/models/enet_deploy_bn.prototxt): the layers folded by dataflow are exactly those
+BN-absorber-enet.py folds by position (every BN right after a Convolution — not bn0_1 after the
+Concat, nor the BNs after Deconvolutions — and every SpatialDropout), and the net left reads only
+blobs that are still written."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""runtime/bn_stats.py: the statistics net and inference net compute_bn_statistics.py builds,
+"""runtime/tools/bn_stats.py: the statistics net and inference net compute_bn_statistics.py builds,
 its iteration count, and the fold (the numbers themselves: tests/cli/test_compute_bn_stats.py)."""
 
 from __future__ import annotations
