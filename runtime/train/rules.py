@@ -155,20 +155,21 @@ def check_rule_params(sp: Any) -> None:
         _check(kind != "AdaDelta" or delta > 0, f"delta must be > 0 for AdaDelta, got {delta}")
 
 
-def check_solver_type(sp: Any, where: str = "") -> None:
-    """Caffe's SolverRegistry lookup: ``sp.type`` must be one of :data:`SOLVER_RULES`; a
-    SolverError naming ``where`` (the solver file) and the known types otherwise. The one
-    check of the solver type: the solver setup, the solver loop and pycaffe's
-    ``get_solver`` call it."""
+def check_solver_type(sp: Any, where: str = "", error: type[Exception] = SolverError) -> None:
+    """Caffe's SolverRegistry lookup: ``sp.type`` must be one of :data:`SOLVER_RULES`;
+    ``error`` (a SolverError unless given: the functional API's :func:`make_rule` raises a
+    ValueError) naming ``where`` (the solver file) and the known types otherwise. The one check
+    of the solver type: the solver setup, the solver loop, pycaffe's ``get_solver`` and
+    :func:`make_rule` call it."""
     if sp.type not in SOLVER_RULES:
         prefix = f"{where}: " if where else ""
         known = ", ".join(SOLVER_RULES)
-        raise SolverError(f"{prefix}unknown solver type '{sp.type}'; known: {known}")
+        raise error(f"{prefix}unknown solver type '{sp.type}'; known: {known}")
 
 
 def make_rule(sp: Any) -> Rule:
-    """The Rule for ``sp.type`` (validated)."""
-    check_solver_type(sp)
+    """The Rule for ``sp.type`` (validated; a ValueError otherwise)."""
+    check_solver_type(sp, error=ValueError)
     check_rule_params(sp)
     return SOLVER_RULES[sp.type](sp)
 
