@@ -4,17 +4,15 @@ hand-written PyTorch eager equivalent, in one run.
 
     python benchmarks/frcnn_train.py [--blocks 3]
 
-Both sides: one image (224×224, 1–3 boxes of scripts/frcnn_boxes.py), 4 classes, anchors
-(2, 4, 8)·16 px, conv1_x/conv2_x frozen (lr_mult 0, as the prototxt), RPN (256 anchors,
-SmoothL1 σ 3), proposals (TRAIN: 12000 → NMS 0.7 → 2000), 128 sampled rois, 7×7 RoI max
-pooling, fc6/fc7 (4096) with dropout, cls_score/bbox_pred, SGD momentum 0.9 and weight decay
-5e-4, iter_size 1. caffe2jax: ``solver.step(1)`` of pycaffe's SGDSolver (the data read from
-the LMDB by the built-in RoIDataLayer included). PyTorch: the net in ``torch.nn``, the
-anchor and proposal targets in numpy on the host as py-faster-rcnn's Python layers do, NMS
-in torch, RoI pooling as a loop of adaptive max pools over the rois (torchvision is not
-installed). Timings on a shared machine are noisy: compare the ratio, measured in
-alternating blocks (benchmarks/harness.py).
-"""
+Both sides: one image (224×224, 1–3 boxes of examples/detection/synthetic_boxes.py), 4 classes,
+anchors (2, 4, 8)·16 px, conv1_x/conv2_x frozen (lr_mult 0, as the prototxt), RPN (256 anchors,
+SmoothL1 σ 3), proposals (TRAIN: 12000 → NMS 0.7 → 2000), 128 sampled rois, 7×7 RoI max pooling,
+fc6/fc7 (4096) with dropout, cls_score/bbox_pred, SGD momentum 0.9 and weight decay 5e-4, iter_size
+1. caffe2jax: ``solver.step(1)`` of pycaffe's SGDSolver (the data read from the LMDB by the
+built-in RoIDataLayer included). PyTorch: the net in ``torch.nn``, the anchor and proposal targets
+in numpy on the host as py-faster-rcnn's Python layers do, NMS in torch, RoI pooling as a loop of
+adaptive max pools over the rois (torchvision is not installed). Timings on a shared machine are
+noisy: compare the ratio, measured in alternating blocks (benchmarks/harness.py)."""
 
 from __future__ import annotations
 
@@ -35,8 +33,8 @@ SIZE, CLASSES, SCALES = 224, 4, (2, 4, 8)
 
 def ours(folder: Path):
     import caffe2jax as caffe
-    from scripts.frcnn_boxes import make_boxes
-    from scripts.frcnn_train import train_prototxt
+    from examples.detection.frcnn_train import train_prototxt
+    from examples.detection.synthetic_boxes import make_boxes
 
     make_boxes(folder / "boxes_lmdb", count=8, size=SIZE, seed=0)
     (folder / "train.prototxt").write_text(train_prototxt(folder / "boxes_lmdb", SIZE))
@@ -137,7 +135,7 @@ def peer():
     import torch
     import torch.nn.functional as F
 
-    from scripts.frcnn_boxes import make_image
+    from examples.detection.synthetic_boxes import make_image
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

@@ -63,7 +63,7 @@ def warm(trainer: PolicyGradientTrainer) -> object:
     ts, _ = trainer.train_batch(ts)
     for length in (640, 768, 896, 1024, 1280, 1536, 1792, 2048):
         traj = ale_loop.trajectory(_dummy(trainer.config.batch_size, length), 1)
-        jax.block_until_ready(trainer._learn(ts.params, ts.state, ts.opt_state, traj))
+        jax.block_until_ready(trainer.learn(ts.params, ts.state, ts.opt_state, traj))
     return ts
 
 

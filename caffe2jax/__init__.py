@@ -38,12 +38,12 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "set_mode_gpu": ("caffe2jax.pycaffe.mode", "set_mode_gpu"),
     "set_random_seed": ("caffe2jax.pycaffe.mode", "set_random_seed"),
     "Net": ("caffe2jax.pycaffe.net", "Net"),
-    "Detection": ("caffe2jax.runtime.detections", "Detection"),
-    "detect": ("caffe2jax.runtime.detections", "detect"),
+    "Detection": ("caffe2jax.runtime.outputs.detections", "Detection"),
+    "detect": ("caffe2jax.runtime.outputs.detections", "detect"),
     "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
     "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
-    "label_map": ("caffe2jax.runtime.segment", "label_map"),
-    "ctc_greedy_decode": ("caffe2jax.runtime.ctc_decode", "ctc_greedy_decode"),
+    "label_map": ("caffe2jax.runtime.outputs.segment", "label_map"),
+    "ctc_greedy_decode": ("caffe2jax.runtime.outputs.ctc_decode", "ctc_greedy_decode"),
     **{
         name: ("caffe2jax.pycaffe.solver", name)
         for name in (
@@ -104,14 +104,14 @@ sys.meta_path.append(_ModuleAliases())
 
 
 class _CacheOnFirstUse(importlib.abc.MetaPathFinder):
-    """Turns JAX's persistent compilation cache on (:mod:`caffe2jax.runtime.compile_cache`)
+    """Turns JAX's persistent compilation cache on (:mod:`caffe2jax.runtime.host.compile_cache`)
     when the part that compiles (``caffe2jax.lowering``) is first imported, by any way in: the
     functional API, pycaffe and the CLI alike; the parser alone stays free of it."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "caffe2jax.lowering":
             sys.meta_path.remove(self)
-            from caffe2jax.runtime import compile_cache
+            from caffe2jax.runtime.host import compile_cache
 
             compile_cache.enable_by_default()
         return None

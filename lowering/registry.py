@@ -24,8 +24,8 @@ each layer's ``form``) registers each variant under a key that carries it:
 ``@register("SoftmaxWithLoss")``; :func:`lookup` takes the layer's (type, form) entry where
 there is one, else the type's BVLC entry (form ``""``), so no lowering reads ``layer.form``.
 An entry also says whether the type computes in bfloat16 under precision ``bf16``
-(``bf16=True``, lowering/engines/precision.py) and, for a data layer, how it is fed and which
-runtime class reads it (``feed=``, ``reader=``: :data:`DATA_LAYERS`).
+(``bf16=True``, lowering/engines/precision.py) and, for a data layer, how it is fed (``feed=``:
+:data:`DATA_LAYERS`; the runtime registers its reader under the same type string).
 
 A type may also register, in its family file, a channels-last form
 (``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py runs the pass) and an engine
@@ -115,18 +115,17 @@ EngineFn = Callable[[ir.Layer, Sequence[Shape], Planning], Any]
 @dataclass(frozen=True)
 class DataLayer:
     """One of Caffe's data layer types as the whole pipeline sees it: the blob counts Caffe
-    checks, who fills its tops, and the runtime class that reads (or writes) its data.
+    checks and who fills its tops.
 
     ``feed``: ``"caller"`` (Input: the user's arrays), ``"memory"`` (MemoryData's arrays given
     to ``set_input_arrays``), ``"pipeline"`` (read from files by ``caffe2jax.runtime.data``) or
-    ``"sink"`` (HDF5Output: written after each forward). ``reader`` names the runtime class as
-    ``"module:Class"`` (resolved by the runtime, as Caffe's layer_factory names a creator);
-    ``None`` where caffe2jax has no reader for the type yet.
+    ``"sink"`` (HDF5Output: written after each forward). The runtime registers the class that
+    reads (or writes) each type's data under the same type string (``runtime/data/readers/``),
+    so lowering names no runtime class.
     """
 
     counts: tuple[int, int | None, int, int | None]
     feed: str
-    reader: str | None = None
 
 
 @dataclass
@@ -284,18 +283,17 @@ def register(
     no_force_backward: Sequence[int] = (),
     bf16: bool = False,
     feed: str | None = None,
-    reader: str | None = None,
 ) -> Callable[[LoweringFn], Lowering]:
     """Register the lowering of Caffe layer type ``type_name`` in fork form ``form`` (``""``:
     BVLC's, or the one meaning a fork type has); one registration per (type, form).
-    ``bf16``: the type computes in bfloat16 under precision ``bf16``. ``feed`` (and
-    ``reader``) make it a data layer (:class:`DataLayer`)."""
+    ``bf16``: the type computes in bfloat16 under precision ``bf16``. ``feed`` makes it
+    a data layer (:class:`DataLayer`)."""
 
     def wrap(fn: LoweringFn) -> Lowering:
         if (type_name, form) in _REGISTRY:
             variant = f" in form {form!r}" if form else ""
             raise ValueError(f"layer type {type_name!r}{variant} is registered twice")
-        data = None if feed is None else DataLayer(counts or (0, None, 0, None), feed, reader)
+        data = None if feed is None else DataLayer(counts or (0, None, 0, None), feed)
         lowering = Lowering(type_name, fn, stateful, source, tuple(no_force_backward), counts,
                             equal_bottom_top, form=form, bf16=bf16, data=data)  # fmt: skip
         _REGISTRY[(type_name, form)] = lowering
@@ -356,7 +354,7 @@ def lookup(layer: ir.Layer) -> Lowering:
 
 class _DataLayers(Mapping[str, DataLayer]):
     """The data layer types as registered (type -> :class:`DataLayer`, the first form's), every
-    family loaded first: the one table the runtime's feeder and readers dispatch on."""
+    family loaded first: the one table the runtime's feeder and sources dispatch on."""
 
     def _table(self) -> dict[str, DataLayer]:
         load_families()

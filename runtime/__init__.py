@@ -1,5 +1,7 @@
-"""The runtime: training (``train/``), Caffe's file formats (``formats/``), data feeding
-(``data/``), devices (``parallel/``) and the RL trainer (``rl/``).
+"""The runtime: training (``train/``), Caffe's file formats and the snapshot record
+(``formats/``), data feeding (``data/``: ``readers/``, ``records/``, ``transform/``), a net's
+results on the host (``outputs/``), Caffe's tools as functions (``tools/``), the host's memory
+budget and compile cache (``host/``), devices (``parallel/``) and the RL trainer (``rl/``).
 
 Training is :class:`SolverLoop` (Caffe's Solver: Step, Test, Snapshot, Restore) over a
 :class:`TrainState`; the CLI and ``caffe2jax.get_solver`` both drive it. Names load on first use.

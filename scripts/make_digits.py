@@ -23,7 +23,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from caffe2jax.runtime.data.tools import compute_image_mean, convert_imageset
+from caffe2jax.runtime.tools.imageset import compute_image_mean, convert_imageset
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "examples" / "digits"

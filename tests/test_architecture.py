@@ -6,6 +6,7 @@ pipeline")."""
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -375,3 +376,133 @@ def test_the_import_paths_users_hold_keep_working():
         register,
         registered_types,
     )
+
+
+# -- the runtime's rooms, the facades and scripts/ (issue 33) ---------------------------------
+
+MAX_LOOSE_RUNTIME_MODULES = 2
+MAX_PRIVATE_REACHES = 15
+FACADE = ("caffe2jax.pycaffe", "caffe2jax.cli", "caffe2jax.logs", "caffe2jax.proto")
+HOST_CODE = ("caffe2jax", "runtime", "examples", "scripts")
+
+
+def test_runtime_keeps_at_most_two_loose_modules():
+    loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_RUNTIME_MODULES, loose
+
+
+def _imports_scripts(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "scripts"
+                                                for a in node.names):  # fmt: skip
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "scripts":
+            return True
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("spec_from"):
+            if "scripts" in ast.unparse(node):
+                return True
+    return False
+
+
+def test_tests_and_benchmarks_import_nothing_from_scripts():
+    """scripts/ holds developer tools only: what tests or benchmarks need lives in the library,
+    examples/ or tests/ (running a developer tool as a program is fine)."""
+    found = [
+        str(p.relative_to(ROOT))
+        for folder in ("tests", "benchmarks")
+        for p in (ROOT / folder).rglob("*.py")
+        if _imports_scripts(ast.parse(p.read_text()))
+    ]
+    assert found == []
+
+
+def _private_reaches(text: str, where: str) -> list[str]:
+    """``x._name`` where x is not self/cls (dunders aside), and ``from caffe2jax… import
+    _name``: reaches into another object's or module's private members."""
+    hits = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            base = node.value
+            if node.attr.startswith("__") or (isinstance(base, ast.Name)
+                                              and base.id in ("self", "cls")):  # fmt: skip
+                continue
+            hits.append(f"{where}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("caffe2jax"):
+            hits += [f"{where}:{node.lineno} import {a.name}" for a in node.names
+                     if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    return hits
+
+
+def test_library_code_reaches_into_few_private_members():
+    reaches = [
+        hit
+        for name, path in modules().items()
+        if name not in GENERATED
+        for hit in _private_reaches(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert len(reaches) <= MAX_PRIVATE_REACHES, "\n".join(reaches)
+
+
+def test_the_reach_counter_sees_attributes_and_imports():
+    text = "from caffe2jax.x import _y\nself._a\ncls._b\nother._c\nx.__len__\n"
+    assert sorted(_private_reaches(text, "m")) == ["m:1 import _y", "m:4 ._c"]
+
+
+def _calls(node: ast.AST, names: tuple[str, ...]) -> bool:
+    func = getattr(node, "func", None)
+    return isinstance(node, ast.Call) and (getattr(func, "attr", None) in names
+                                           or getattr(func, "id", None) in names)  # fmt: skip
+
+
+def _writes_iou(tree: ast.AST) -> bool:
+    """Whether a module computes box overlap: a coordinate intersection (``min(…) − max(…)``)
+    and a union (``a + b − inter…``, or something divided by a ``union``). A segmentation
+    IoU from a confusion matrix has no coordinates, and is not box overlap."""
+    union = corners = False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.BinOp):
+            continue
+        if isinstance(node.op, ast.Sub):
+            corners |= _calls(node.left, ("min", "minimum")) and _calls(
+                node.right, ("max", "maximum"))  # fmt: skip
+            union |= (isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Add)
+                      and "inter" in ast.unparse(node.right))  # fmt: skip
+        union |= isinstance(node.op, ast.Div) and "union" in ast.unparse(node.right)
+    return union and corners
+
+
+def test_iou_is_written_in_one_host_module():
+    """Box overlap on the host is runtime/outputs/boxes.py's (the graph's is lowering's)."""
+    writers = sorted(str(p.relative_to(ROOT)) for folder in HOST_CODE
+                     for p in (ROOT / folder).rglob("*.py")
+                     if _writes_iou(ast.parse(p.read_text())))  # fmt: skip
+    assert writers == ["runtime/outputs/boxes.py"]
+
+
+def test_the_iou_finder_sees_the_usual_forms():
+    width = "w = np.maximum(0.0, np.minimum(x2[i], x2[o]) - np.maximum(x1[i], x1[o]) + 1)\n"
+    forms = ["r = inter / (areas[i] + areas[order] - inter)", "u = a + b - inter\nr = x / u",
+             "union = area(a) + area(b) - size\nr = size / union"]  # fmt: skip
+    assert [_writes_iou(ast.parse(width + f)) for f in forms] == [True, True, True]
+    assert not _writes_iou(ast.parse(width + "coverage = inter / area(box)"))
+    miou = "inter = np.diag(c)\nunion = c.sum(0) + c.sum(1) - inter\nm = inter / union"
+    assert not _writes_iou(ast.parse(miou))
+
+
+def test_runtime_imports_no_facade_module():
+    assert _violations("caffe2jax.runtime", FACADE) == []
+
+
+def test_pycaffe_never_imports_the_cli():
+    """The facades stand side by side: the CLI may use pycaffe, never the other way."""
+    assert _violations("caffe2jax.pycaffe", ("caffe2jax.cli",)) == []
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject.toml's explicit ``packages`` list names every package of the four folders."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^packages = \[(.*?)\]", text, re.S | re.M)
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    found = {".".join([PACKAGES[folder], *p.parent.relative_to(ROOT / folder).parts])
+             for folder in PACKAGES for p in (ROOT / folder).rglob("__init__.py")}  # fmt: skip
+    assert found - listed == set()

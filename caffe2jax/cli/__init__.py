@@ -1,5 +1,7 @@
 """The `caffe2jax` command line: ``main`` (main.py) and one module per verb, each exposing
-``add(subparsers)``; ``timing`` holds the `time` verb's measurements, ``logs`` Caffe's log lines."""
+``add(subparsers)``; ``args`` holds every flag the verbs share. The work is the runtime's
+(the `time` verb's measurements: :mod:`caffe2jax.runtime.tools.timing`; Caffe's log lines:
+:mod:`caffe2jax.logs`)."""
 
 COMMANDS: list[str] = [
     "absorb_bn",

@@ -1,5 +1,5 @@
 """`caffe2jax absorb_bn DEPLOY.prototxt WEIGHTS OUT.prototxt OUT.caffemodel`: ENet's
-BN-absorber (see :mod:`caffe2jax.runtime.bn_absorb`): each INFERENCE-mode BN, and each
+BN-absorber (see :mod:`caffe2jax.runtime.tools.bn_absorb`): each INFERENCE-mode BN, and each
 non-TRAIN SpatialDropout, that reads a convolution's output alone is folded into that
 convolution's weights and removed from the net. Existing outputs are replaced only with
 ``--force``.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "absorb_bn",
         help="fold INFERENCE BN (and test-phase SpatialDropout) layers into their convolutions",
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from caffe2jax.frontend.errors import NetError
     from caffe2jax.frontend.pipeline import load_param, read_param
     from caffe2jax.pycaffe.net import Net
-    from caffe2jax.runtime.bn_absorb import absorb
     from caffe2jax.runtime.formats.atomic import atomic_write, refuse_overwrite
+    from caffe2jax.runtime.tools.bn_absorb import absorb
 
     for path in (args.out_model, args.out_weights):
         refuse_overwrite(path, args.force)

@@ -1,8 +1,16 @@
-"""Argument types shared by the verbs: Caffe's tool reads its numeric flags as gflags int32."""
+"""Every flag and argument type the verbs share: Caffe's gflags int32, ``--dialect``,
+``--define`` and ``--input-shape``, and the type of the subparsers each verb's ``add`` takes."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from caffe2jax.frontend.errors import CaffeError
+
+# argparse keeps the class of ``add_subparsers()``'s result private: each verb's
+# ``add(sub: Subparsers)`` receives that object and calls ``sub.add_parser``.
+Subparsers = Any
 
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -17,3 +25,50 @@ def int32(text: str) -> int:
     if not INT32[0] <= value <= INT32[1]:
         raise argparse.ArgumentTypeError(f"{text[:40]} is out of range ({INT32[0]}..{INT32[1]})")
     return value
+
+
+def add_dialect(p: argparse.ArgumentParser, what: str) -> None:
+    """The ``--dialect`` option: which fork of Caffe's numbering a file was written with."""
+    p.add_argument(
+        "--dialect",
+        metavar="D",
+        help=f"{what}: bvlc, ssd, frcnn, rfcn, segnet, enet, pspnet, deeplab-v1, deeplab-v2, "
+        "c3d-v1.0, c3d-v1.1, crnn, eric612, darknet2caffe, ceil_mode, ... (join with +)",
+    )
+
+
+def add_define(p: argparse.ArgumentParser) -> None:
+    """``--define NAME=VALUE``: fill a template prototxt's ``${NAME}``."""
+    p.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="fill ${NAME} in a template prototxt, as its scripts do (repeatable)",
+    )
+
+
+def parse_defines(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` options as a dict; a CaffeError for a malformed one."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise CaffeError(f"bad --define {item[:80]!r}: use NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``BLOB=D0,D1,...`` options as shapes (non-negative dims); a CaffeError otherwise."""
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            shape = (-1,)
+        if not name or any(d < 0 for d in shape):
+            raise CaffeError(f"bad --input-shape {item[:80]!r}: use BLOB=D0,D1,... (dims >= 0)")
+        shapes[name] = shape
+    return shapes

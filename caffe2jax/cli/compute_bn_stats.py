@@ -1,5 +1,5 @@
 """`caffe2jax compute_bn_stats TRAIN.prototxt WEIGHTS OUT.caffemodel`: SegNet's
-compute_bn_statistics.py (see :mod:`caffe2jax.runtime.bn_stats` for what it computes).
+compute_bn_statistics.py (see :mod:`caffe2jax.runtime.tools.bn_stats` for what it computes).
 
 Runs the train net's statistics form in the TEST phase over ``--iters`` batches of its training
 data (default: the script's count from the DenseImageData list), folds the average batch
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.frontend.errors import NetError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "compute_bn_stats",
         help="fold SegNet/ENet BN batch statistics into INFERENCE weights",
@@ -45,9 +45,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _default_iterations(stats, base_dir: Path) -> int:
-    from caffe2jax.runtime.bn_stats import default_iterations
     from caffe2jax.runtime.data.files import resolve_input
-    from caffe2jax.runtime.data.pair_list import parse_pair_list
+    from caffe2jax.runtime.data.readers.pair_list import parse_pair_list
+    from caffe2jax.runtime.tools.bn_stats import default_iterations
 
     data = next((layer for layer in stats.layer if layer.type == "DenseImageData"), None)
     if data is None:
@@ -61,8 +61,8 @@ def _default_iterations(stats, base_dir: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from caffe2jax.frontend.pipeline import load_param, read_param
     from caffe2jax.pycaffe.net import Net
-    from caffe2jax.runtime import bn_stats
     from caffe2jax.runtime.formats.atomic import atomic_write, refuse_overwrite
+    from caffe2jax.runtime.tools import bn_stats
 
     outputs = [args.out] + ([args.inference_prototxt] if args.inference_prototxt else [])
     for path in outputs:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from caffe2jax.runtime.data.db import BACKENDS
-from caffe2jax.runtime.data.tools import compute_image_mean
+from caffe2jax.cli.args import Subparsers
+from caffe2jax.runtime.data.records.db import BACKENDS
 from caffe2jax.runtime.formats.atomic import refuse_overwrite
+from caffe2jax.runtime.tools.imageset import compute_image_mean
 
 
-def add(subparsers: argparse._SubParsersAction) -> None:
+def add(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "compute_image_mean",
         help="compute the mean image of a database",

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.cli.convert_imageset import add_flag, add_storage_flags
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annoset import LABEL_TYPES, convert_annoset
+from caffe2jax.runtime.tools.annoset import LABEL_TYPES, convert_annoset
 
 
-def add(subparsers: argparse._SubParsersAction) -> None:
+def add(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "convert_annoset",
         help="convert images and box annotations to an LMDB/LevelDB of AnnotatedDatum records",

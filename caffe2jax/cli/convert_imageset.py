@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from caffe2jax.cli.args import int32
-from caffe2jax.runtime.data.db import BACKENDS
-from caffe2jax.runtime.data.tools import convert_imageset
+from caffe2jax.cli.args import Subparsers, int32
+from caffe2jax.runtime.data.records.db import BACKENDS
+from caffe2jax.runtime.tools.imageset import convert_imageset
 
 TRUE, FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
 
@@ -42,7 +42,7 @@ def add_storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int32, default=None, help="seed of --shuffle")
 
 
-def add(subparsers: argparse._SubParsersAction) -> None:
+def add(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "convert_imageset",
         help="convert a list of images to an LMDB/LevelDB of Datum records",

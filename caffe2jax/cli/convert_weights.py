@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 from caffe2jax.frontend.errors import WeightsError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.convert import convert_weights
 from caffe2jax.runtime.formats.weights import format_for
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "convert-weights",
         help="convert weights between binary .caffemodel and HDF5 .caffemodel.h5",

@@ -4,7 +4,7 @@ Each line: ``IMAGE LABEL NAME SCORE XMIN YMIN XMAX YMAX`` (box corners in the im
 NAME is the label's line of ``--labels`` or the label number). The net is an SSD / YOLO
 deploy net (DetectionOutput, YoloDetectionOutput, Yolov3DetectionOutput) or a Faster R-CNN /
 R-FCN test net (``im_info`` input; decoded as py-faster-rcnn's test.py does); see
-:mod:`caffe2jax.runtime.detections`. The image is resized to the net's input and fed as
+:mod:`caffe2jax.runtime.outputs.detections`. The image is resized to the net's input and fed as
 ``(pixel − mean) · scale`` in BGR order (``--rgb`` swaps to RGB), as OpenCV's
 ``blobFromImage(image, scale, size, mean, swapRB)`` would.
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 from caffe2jax.frontend.errors import DataError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("detect", help="print the detections of a detector net on images")
     p.add_argument("model", help="deploy net prototxt (SSD, YOLO, Faster R-CNN, R-FCN)")
     p.add_argument("weights", help=".caffemodel or .caffemodel.h5")
@@ -58,7 +58,7 @@ def _read(path: str) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> int:
     import caffe2jax
-    from caffe2jax.runtime.detections import detect
+    from caffe2jax.runtime.outputs.detections import detect
 
     mean = _mean(args.mean)
     names = Path(args.labels).read_text().splitlines() if args.labels else None

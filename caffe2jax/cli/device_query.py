@@ -7,9 +7,10 @@ import argparse
 import jax
 
 from caffe2jax import __version__
+from caffe2jax.cli.args import Subparsers
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("device_query", help="list the devices JAX can run on")
     p.set_defaults(func=run)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from caffe2jax.cli.args import Subparsers
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.frontend.pipeline import load_param
@@ -17,7 +18,7 @@ from caffe2jax.pycaffe import draw
 FORMATS = ("dot", "gv", "png", "svg", "pdf")
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("draw", help="draw a net as a graph (.png, .svg, .pdf, or .dot source)")
     p.add_argument("model", help="net prototxt")
     p.add_argument("out", help="output file; its extension picks the format")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from caffe2jax.cli.summary import add_dialect, parse_shapes
+from caffe2jax.cli.args import Subparsers, add_dialect, parse_shapes
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.atomic import refuse_overwrite
@@ -12,7 +12,7 @@ from caffe2jax.runtime.formats.export import describe, export_forward, save_expo
 from caffe2jax.runtime.formats.weights import load_weights
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "export",
         help="export a net's forward pass with its weights as a jax.export module",

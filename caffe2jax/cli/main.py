@@ -4,7 +4,7 @@ Each subcommand lives in ``caffe2jax/cli/<name>.py`` with ``add(subparsers)``. U
 errors (:class:`caffe2jax.frontend.errors.CaffeError`, missing files) print one line and exit 1.
 
 Before any command runs, :func:`configure_jax` applies ``--no-compile-cache`` to JAX's
-persistent compilation cache (:mod:`caffe2jax.runtime.compile_cache`, on by default for every
+persistent compilation cache (:mod:`caffe2jax.runtime.host.compile_cache`, on by default for every
 entry point) and sets the XLA:CPU options the benchmarks show pay (see docs/performance.md).
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from caffe2jax import __version__
 from caffe2jax.cli import COMMANDS
 from caffe2jax.frontend.errors import CaffeError, one_line
-from caffe2jax.runtime import compile_cache as compile_cache_module
-from caffe2jax.runtime.compile_cache import CACHE_DIR_ENV, NO_CACHE_ENV, cache_dir  # noqa: F401
+from caffe2jax.runtime.host import compile_cache as compile_cache_module
+from caffe2jax.runtime.host.compile_cache import CACHE_DIR_ENV, NO_CACHE_ENV, cache_dir  # noqa: F401
 
 # XLA:CPU options measured to pay (docs/performance.md); appended after the user's own
 # XLA_FLAGS only where the user did not set the same flag.
@@ -29,7 +29,7 @@ CPU_FLAGS: dict[str, str] = {}
 
 def configure_jax(compile_cache: bool = True) -> Path | None:
     """Set XLA:CPU flags (before JAX starts its backend) and the persistent compilation cache
-    (:mod:`caffe2jax.runtime.compile_cache`: on unless ``compile_cache`` is false or
+    (:mod:`caffe2jax.runtime.host.compile_cache`: on unless ``compile_cache`` is false or
     ``$CAFFE2JAX_NO_COMPILE_CACHE`` is set). Returns the cache folder in use, or None."""
     flags = os.environ.get("XLA_FLAGS", "")
     extra = [f"--{k}={v}" for k, v in CPU_FLAGS.items() if f"--{k}" not in flags]
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # memory exhausted past the checks: one line, the limit named
         if not _out_of_memory(err):
             raise
-        from caffe2jax.runtime.parallel.memory import memory_budget
+        from caffe2jax.runtime.host.memory import memory_budget
 
         what = one_line(str(err).splitlines()[0] if str(err) else type(err).__name__, 100)
         print(f"caffe2jax {args.command}: error: out of memory ({what}); "

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caffe2jax.cli.args import Subparsers
 from caffe2jax.frontend.errors import CaffeError
 
 _TRAIN = re.compile(r"Iteration (\d+)(?: \(.*\))?, loss = ([-\d.e+naif]+)")
@@ -47,7 +48,7 @@ def parse_log(text: str) -> TrainingLog:
     return log
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("plot", help="plot loss and test outputs from a training log to PNG")
     p.add_argument("log", help="log written by caffe2jax train (or Caffe)")
     p.add_argument("out", help="PNG file to write")

@@ -13,13 +13,14 @@ after the current batch with a snapshot; a second Ctrl-C exits at once.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
 
+from caffe2jax.cli.args import Subparsers
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.runtime.host.process import exit_now
 from caffe2jax.runtime.rl import envs
 from caffe2jax.runtime.rl.trainer import BatchMetrics, PolicyGradientTrainer, RunResult
 
@@ -28,7 +29,7 @@ ENV_HELP = (
 )
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "rl",
         help="train a MemoryData/MemoryLoss policy net with MyCaffe's policy-gradient rule",
@@ -244,9 +245,7 @@ def _stop_on_sigint() -> tuple[dict, object]:
 
     def on_sigint(signum, frame) -> None:
         if flag["stop"]:
-            sys.stderr.write("caffe2jax rl: interrupted again; exiting now\n")
-            sys.stderr.flush()
-            os._exit(130)
+            exit_now(130, "caffe2jax rl: interrupted again; exiting now\n")
         flag["stop"] = True
         sys.stderr.write("caffe2jax rl: stopping after this batch (Ctrl-C again: exit now)\n")
         sys.stderr.flush()

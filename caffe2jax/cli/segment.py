@@ -3,8 +3,8 @@
 Each image is read as Caffe's scripts read it (BGR, resized to the net input's height and
 width, ``--mean`` subtracted, times ``--scale``), run through the net, and the argmax over
 the channels of the output blob (``--blob``, default the net's last output) is its label
-map (:func:`caffe2jax.runtime.segment.label_map`), at the output's resolution: printed as the
-pixels per class, and written as a PNG of class ids with ``--out DIR``.
+map (:func:`caffe2jax.runtime.outputs.segment.label_map`), at the output's resolution:
+printed as the pixels per class, and written as a PNG of class ids with ``--out DIR``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax.cli.args import Subparsers, add_dialect
 from caffe2jax.frontend.errors import DataError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("segment", help="label maps (argmax over classes) of a segmentation net")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     p.add_argument("--model", required=True, help="deploy net prototxt")
@@ -39,7 +39,7 @@ def _mean(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from caffe2jax.pycaffe.net import Net
-    from caffe2jax.runtime import segment
+    from caffe2jax.runtime.outputs import segment
 
     mean = _mean(args.mean)
     net = Net(args.model, 1, weights=args.weights, dialect=args.dialect)

@@ -12,19 +12,26 @@ import importlib.util
 import math
 from pathlib import Path
 
-from caffe2jax.cli.args import int32
+from caffe2jax.cli.args import (
+    Subparsers,
+    add_define,
+    add_dialect,
+    int32,
+    parse_defines,
+    parse_shapes,
+)
 from caffe2jax.cli.summary_shapes import Shape, partial_shapes
 from caffe2jax.frontend import ir
-from caffe2jax.frontend.errors import CaffeError, DataError, InputShapeError, NetError
+from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.forks.dialect import get
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_layer import registered_python_layers
 from caffe2jax.lowering.registry import lookup
-from caffe2jax.runtime.data.feeding import open_source
+from caffe2jax.runtime.data.feeding import source_shapes
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("summary", help="print a net's layers, blobs and shapes like Caffe's log")
     p.add_argument("model", help="net prototxt")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
@@ -40,53 +47,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_dialect(p, "how the net's fork layers are read (default: from the prototxt)")
     add_define(p)
     p.set_defaults(func=run)
-
-
-def add_dialect(p: argparse.ArgumentParser, what: str) -> None:
-    """The ``--dialect`` option: which fork of Caffe's numbering a file was written with."""
-    p.add_argument(
-        "--dialect",
-        metavar="D",
-        help=f"{what}: bvlc, ssd, frcnn, rfcn, segnet, enet, pspnet, deeplab-v1, deeplab-v2, "
-        "c3d-v1.0, c3d-v1.1, crnn, eric612, darknet2caffe, ceil_mode, ... (join with +)",
-    )
-
-
-def add_define(p: argparse.ArgumentParser) -> None:
-    """``--define NAME=VALUE``: fill a template prototxt's ``${NAME}``."""
-    p.add_argument(
-        "--define",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="fill ${NAME} in a template prototxt, as its scripts do (repeatable)",
-    )
-
-
-def parse_defines(items: list[str]) -> dict[str, str]:
-    """``NAME=VALUE`` options as a dict; a CaffeError for a malformed one."""
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise CaffeError(f"bad --define {item[:80]!r}: use NAME=VALUE")
-        out[name] = value
-    return out
-
-
-def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    """``BLOB=D0,D1,...`` options as shapes (non-negative dims); a CaffeError otherwise."""
-    shapes = {}
-    for item in items:
-        name, _, dims = item.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.split(",") if d)
-        except ValueError:
-            shape = (-1,)
-        if not name or any(d < 0 for d in shape):
-            raise CaffeError(f"bad --input-shape {item[:80]!r}: use BLOB=D0,D1,... (dims >= 0)")
-        shapes[name] = shape
-    return shapes
 
 
 def _top_line(shape: Shape | None, source: bool) -> tuple[str, int]:
@@ -130,27 +90,6 @@ def summary_lines(
     lines += [f"This network produces output {name}" for name in net.outputs]
     lines.append("Network initialization done.")
     return lines
-
-
-def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
-    """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
-    ``({}, reason)`` when a source cannot be opened here. No prefetching starts (a huge
-    declared batch is reported by the size check, never read)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for layer in net.layers:
-        try:
-            source = open_source(layer, net.phase, base_dir)
-        except DataError as err:
-            return {}, str(err)
-        if source is None:
-            continue
-        try:
-            shapes.update(zip(layer.top_names, source.top_shapes()))
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-    return shapes, ""
 
 
 def run(args: argparse.Namespace) -> int:

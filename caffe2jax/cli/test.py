@@ -6,12 +6,11 @@ import argparse
 
 import numpy as np
 
-from caffe2jax.cli import logs
-from caffe2jax.cli.args import int32
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax import logs
+from caffe2jax.cli.args import Subparsers, add_dialect, int32
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("test", help="score a trained net over N batches")
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")

@@ -2,7 +2,7 @@
 
 Per-layer lines (each printed as soon as its layer is timed), then Caffe's averages, from
 compiled per-layer programs; then the times of the one fused XLA program the net runs as,
-compile times and peak memory (see :mod:`caffe2jax.cli.timing`).
+compile times and peak memory (see :mod:`caffe2jax.runtime.tools.timing`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import argparse
 
 import jax
 
-from caffe2jax.cli import logs
-from caffe2jax.cli.args import int32
+from caffe2jax import logs
+from caffe2jax.cli.args import Subparsers, int32
 from caffe2jax.frontend.errors import CaffeError
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("time", help="time a net's forward and backward passes")
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int32, default=50)
@@ -44,11 +44,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from caffe2jax.cli.summary import parse_shapes, source_shapes
-    from caffe2jax.cli.timing import LayerTime, random_inputs, time_net
+    from caffe2jax.cli.args import parse_shapes
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.data.feeding import source_shapes
+    from caffe2jax.runtime.host.memory import check_net_fits
+    from caffe2jax.runtime.tools.timing import LayerTime, random_inputs, time_net
 
     if args.iterations <= 0:
         raise CaffeError(f"--iterations must be > 0, got {args.iterations}")

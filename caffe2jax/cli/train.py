@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-from caffe2jax.cli import logs
-from caffe2jax.cli.args import int32
-from caffe2jax.cli.summary import add_dialect
+from caffe2jax import logs
+from caffe2jax.cli.args import Subparsers, add_dialect, int32
 from caffe2jax.frontend.errors import CaffeError, SolverError
+from caffe2jax.runtime.host.process import exit_now
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser("train", help="train a net with a Caffe solver prototxt")
     p.add_argument("--solver", required=True, help="solver prototxt")
     group = p.add_mutually_exclusive_group()
@@ -125,11 +124,11 @@ def preflight(args: argparse.Namespace, log_file: Path) -> None:
 def check_train_net_fits(param, folder: Path) -> None:
     """The size check before anything is compiled or prefetched: the train net's blobs (as
     shaped by its data sources, read without prefetching) must fit the device."""
-    from caffe2jax.cli.summary import source_shapes
     from caffe2jax.frontend import caffe_pb2
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.data.feeding import source_shapes
+    from caffe2jax.runtime.host.memory import check_net_fits
     from caffe2jax.runtime.train.setup import net_sources, net_state
 
     train, _ = net_sources(param, folder)
@@ -161,9 +160,7 @@ def install_signals(solver, sigint: str, sighup: str) -> dict[int, object]:
         seen["sigint"] += 1
         previous.pop(signal.SIGINT, None)  # keep this handler to the end: a second ^C exits
         if seen["sigint"] > 1:
-            sys.stderr.write("caffe2jax train: interrupted again; exiting now\n")
-            sys.stderr.flush()
-            os._exit(130)
+            exit_now(130, "caffe2jax train: interrupted again; exiting now\n")
         sys.stderr.write(
             f"caffe2jax train: {sigint} after this iteration (Ctrl-C again: exit now)\n"
         )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from caffe2jax.cli.summary import add_define, add_dialect, parse_defines
+from caffe2jax.cli.args import Subparsers, add_define, add_dialect, parse_defines
 from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.parse import read_net, read_solver
 from caffe2jax.frontend.upgrade import upgraded_text
 from caffe2jax.runtime.formats.atomic import atomic_write
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "upgrade",
         help="upgrade a net or solver prototxt to the current format",

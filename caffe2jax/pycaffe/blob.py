@@ -180,25 +180,26 @@ class Blob:
         self._data.reshape(shape)
         self._diff.reshape(shape)
 
-    # -- for the nets that own the blob ------------------------------------------------------
+    # -- the owning net's side: how a computation hands the blob a value and reads it back ---
 
-    def _set_data(self, value: Value) -> None:
+    def set_data(self, value: Value) -> None:
+        """A new ``data`` value (device array, numpy array, or a function computing it on
+        first read); arrays a script holds see it at once."""
         self._data.set(value)
 
-    def _set_diff(self, value: Value) -> None:
+    def set_diff(self, value: Value) -> None:
+        """A new ``diff`` value (as :meth:`set_data`; None: zeros)."""
         self._diff.set(value)
 
-    def _value(self) -> Any:
-        return self._data.value()
-
-    def _diff_value(self) -> Any:
-        return self._diff.value()
-
-    def _device(self) -> jax.Array:
+    def device_data(self) -> jax.Array:
+        """``data`` as a device array for the next computation (what a script wrote
+        included)."""
         return self._data.device()
 
-    def _diff_device(self) -> jax.Array:
+    def device_diff(self) -> jax.Array:
+        """``diff`` as a device array for the next computation."""
         return self._diff.device()
 
-    # Older name, kept for the code that sets a freshly computed device value.
-    _set_device = _set_data
+    def data_written(self) -> bool:
+        """Whether a script may have written ``data`` since its value was last set."""
+        return self._data.dirty()

@@ -22,15 +22,15 @@ from PIL import Image
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data import datum as _datum
-from caffe2jax.runtime.data.datum import (
+from caffe2jax.runtime.data.records import datum as _datum
+from caffe2jax.runtime.data.records.datum import (
     datum_to_array,
     encoded_datum,
     parse_datum,
     read_blobproto,
     write_blobproto,
 )
-from caffe2jax.runtime.data.guards import open_image
+from caffe2jax.runtime.data.transform.guards import open_image
 
 __all__ = [
     "Transformer",

@@ -87,13 +87,13 @@ class Net:
         keeps them in step through the view-sync methods below."""
         net = cls.__new__(cls)
         net.phase = compiled.model.net.phase
-        net._attach(compiled, params, state)
+        cls._attach(net, compiled, params, state)
         return net
 
     def _attach(self, compiled: CompiledNet, params, state) -> None:
         """Net::Init's views: the blobs, the layers, the param blobs (from ``params``)."""
         self._net = compiled
-        self._model = model = compiled.model
+        model = compiled.model
         graph = model.graph
         hosts = {host.name for host in compiled.host}
         types = {name: "Python" for name in hosts}  # run on the host, fed as inputs
@@ -107,12 +107,12 @@ class Net:
             for name in layout.names
         )
         for name, weight in layout.loss_weights.items():
-            self.blobs[name]._set_diff(np.full(self.blobs[name].shape, weight, model.dtype))
+            self.blobs[name].set_diff(np.full(self.blobs[name].shape, weight, model.dtype))
         for host in compiled.host:  # a top keeps what a script writes into it
             host.use_tops([self.blobs[name] for name in host.layer.top_names])
-        self._runner = Runner(self)
         self._params = ParamBlobs(model.dtype)
         self._params.own(graph)
+        self._runner = Runner(compiled, layout, self.blobs, self._params)
         self.params: OrderedDict[str, list[Blob]] = OrderedDict()
         self.layers: list[Any] = []
         instances = {host.name: host.instance for host in compiled.host}
@@ -133,7 +133,7 @@ class Net:
     @property
     def model(self) -> Model:
         """The model of the current input shapes (the last forward's or reshape's)."""
-        return self._model
+        return self._runner.model
 
     @property
     def inputs(self) -> list[str]:
@@ -172,7 +172,7 @@ class Net:
     def share_with(self, other: Net) -> None:
         """Caffe's ShareTrainedLayersWith: this net's layers use ``other``'s param blobs
         (by layer name; shapes must match), so both always show the same weights."""
-        self._params.share(other._params, other._model.net.name)
+        self._params.share(other.param_blobs, other.model.net.name)
         graph = self._net.model.graph
         for layer, caffe in zip(self.layers, self._structure.layers):
             if caffe.key is not None and layer.blobs:
@@ -213,7 +213,7 @@ class Net:
     def _run_forward(self, lo: int, hi: int, wanted: list[str]) -> None:
         if lo == 0:  # Caffe's data layers run first: their tops are this forward's inputs
             for user, value in self._net.feeder.next_batches().items():
-                self.blobs[user]._set_data(value)
+                self.blobs[user].set_data(value)
             for host in self._net.host:
                 host.forward()  # writes into the blobs it was handed (use_tops)
         self._runner.forward(lo, hi, wanted)
@@ -259,7 +259,7 @@ class Net:
     def reshape(self) -> None:
         """Caffe's Net::Reshape: every layer's tops take the shapes the input blobs' shapes
         give (param blobs keep theirs; held Blob objects stay valid)."""
-        self._model = model = self._runner.member(len(self.layers) - 1)
+        self._runner.model = model = self._runner.member(len(self.layers) - 1)
         for name in self._structure.names:
             shape = version_shape(model, self._structure.data_version[name])
             if self.blobs[name].shape != shape:
@@ -299,6 +299,11 @@ class Net:
     # -- the view-sync API: how a driver that runs this net (pycaffe's Solver over the
     # runtime's SolverLoop) and the views a script reads stay in step ------------------------
 
+    @property
+    def param_blobs(self) -> ParamBlobs:
+        """The param Blobs by owner (what ShareTrainedLayersWith shares between nets)."""
+        return self._params
+
     def param_values(self) -> tuple[dict, dict]:
         """The params and state the views hold now, as the functional API takes them (what a
         script wrote into the arrays included)."""
@@ -329,7 +334,7 @@ class Net:
 
     def input_values(self) -> dict[str, Any]:
         """What a script put in the blobs Input layers feed, as device arrays."""
-        return {name: self.blobs[name]._device() for name in self._inputs}
+        return {name: self.blobs[name].device_data() for name in self._inputs}
 
     def show_forward(self, env: Mapping) -> None:
         """Make the blobs show a forward the driver ran (blob versions by SSA id)."""
@@ -341,7 +346,7 @@ class Net:
         """Make the blobs show one training pass (:class:`caffe2jax.runtime.train.state.Pass`):
         its inputs and ``outputs`` (which the step returned) as they are; other blobs' data
         from a forward, and diffs from a backward, computed only when first read."""
-        model = self._model = self._net.member(record.inputs)
+        model = self._runner.model = self._net.member(record.inputs)
         weights = self._structure.loss_weights
 
         def seed(name: str) -> Any:
@@ -354,10 +359,10 @@ class Net:
             self._show(name, (lambda v=version: data(v)) if value is None else value, shape)
         last = len(self.layers) - 1
         for name, _ in programs.backward(model, 0, last)[0].writes:
-            self.blobs[name]._set_diff(lambda n=name: diff(n))
+            self.blobs[name].set_diff(lambda n=name: diff(n))
 
     def _show(self, name: str, value: Any, shape: Sequence[int]) -> None:
         blob = self.blobs[name]
         if blob.shape != tuple(shape):
             blob.reshape(*shape)
-        blob._set_data(value)
+        blob.set_data(value)

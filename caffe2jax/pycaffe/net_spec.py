@@ -78,12 +78,6 @@ class Top:
         """The net of every layer this top depends on (auto-named)."""
         return to_proto(self)
 
-    def _update(self, params: dict[str, Any]) -> None:
-        self.fn._update(params)
-
-    def _to_proto(self, emitter: _Emitter) -> None:
-        self.fn._to_proto(emitter)
-
 
 class Function:
     """One layer description: its type, bottoms (Tops) and keyword parameters."""
@@ -101,11 +95,10 @@ class Function:
         self.in_place = bool(self.params.pop("in_place", False))
         self.tops = tuple(Top(self, n) for n in range(self.ntop))
 
-    def _update(self, params: dict[str, Any]) -> None:
-        self.params.update(params)
 
-    def _to_proto(self, emitter: _Emitter) -> None:
-        emitter.emit(self)
+def _layer_of(top: Top | Function) -> Function:
+    """The layer description behind a top (a Function stands for itself)."""
+    return top.fn if isinstance(top, Top) else top
 
 
 class _Emitter:
@@ -173,7 +166,7 @@ def to_proto(*tops: Top | Function) -> caffe_pb2.NetParameter:
     """The net of every layer the given tops depend on, every name automatic."""
     emitter = _Emitter()
     for top in tops:
-        top._to_proto(emitter)
+        emitter.emit(_layer_of(top))
     return emitter.net()
 
 
@@ -209,12 +202,12 @@ class NetSpec:
 
     def update(self, name: str, params: dict[str, Any]) -> None:
         """Add or change keyword parameters of the layer behind top ``name``."""
-        self.tops[name]._update(params)
+        _layer_of(self.tops[name]).params.update(params)
 
     def to_proto(self) -> caffe_pb2.NetParameter:
         emitter = _Emitter({top: name for name, top in self.tops.items()})
         for top in self.tops.values():
-            top._to_proto(emitter)
+            emitter.emit(_layer_of(top))
         return emitter.net()
 
 

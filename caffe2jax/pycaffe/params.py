@@ -51,7 +51,7 @@ class ParamBlobs:
             slots = tree.get(name)
             if slots is None:
                 slots = tree[name] = [None] * count
-            slots[j] = blobs[(name, j)]._device()
+            slots[j] = blobs[(name, j)].device_data()
         return params, NetState(state, self.carry)
 
     def show(self, params: dict, state: dict) -> None:
@@ -62,16 +62,16 @@ class ParamBlobs:
             for name, values in tree.items():
                 for j, value in enumerate(values):
                     if value is not None and (name, j) in self.blobs:
-                        self.blobs[(name, j)]._set_data(value)
+                        self.blobs[(name, j)].set_data(value)
 
     def written(self) -> bool:
         """Whether a script may have written a param array since its value was last set."""
-        return any(blob._data.dirty() for blob in self.blobs.values())
+        return any(blob.data_written() for blob in self.blobs.values())
 
     def diffs(self, graph: Graph) -> dict[str, list]:
         """Each param blob's diff as a tree shaped like ``graph.decls`` (None: not owned)."""
         return {
-            name: [self.blobs[(name, j)]._diff_device()
+            name: [self.blobs[(name, j)].device_diff()
                    if (name, j) in self.blobs else None for j in range(len(decls))]
             for name, decls in graph.decls.items() if decls
         }  # fmt: skip
@@ -81,7 +81,7 @@ class ParamBlobs:
         for (name, j), blob in self.blobs.items():
             values = diffs.get(name)
             if values is not None and j < len(values) and values[j] is not None:
-                blob._set_diff(values[j])
+                blob.set_diff(values[j])
 
     def add_diffs(self, grads: dict[str, list], mask: dict[str, list[bool]]) -> None:
         """Caffe's layers add into ``param_diff``: ``grads`` added where ``mask`` says."""
@@ -89,12 +89,12 @@ class ParamBlobs:
             for j, on in enumerate(flags):
                 if on and grads.get(name) is not None and grads[name][j] is not None:
                     blob = self.blobs[(name, j)]
-                    blob._set_diff(blob._diff_device() + grads[name][j])
+                    blob.set_diff(blob.device_diff() + grads[name][j])
 
     def clear_diffs(self) -> None:
         """Caffe's Net::ClearParamDiffs: every param diff to zero."""
         for blob in self.blobs.values():
-            blob._set_diff(None)
+            blob.set_diff(None)
 
     def share(self, other: ParamBlobs, where: str) -> None:
         """Caffe's ShareTrainedLayersWith: take ``other``'s Blobs by layer name (shapes must

@@ -10,8 +10,8 @@ import logging
 import sys
 import time
 
-from caffe2jax.cli.logs import LOGGER, GlogFormatter
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.logs import LOGGER, GlogFormatter
 
 # glog's minloglevel: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL.
 _GLOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
@@ -51,6 +51,10 @@ class Timer:
         return self._elapsed * 1e3
 
 
+class _InitLogHandler(logging.StreamHandler):
+    """The one stderr handler :func:`init_log` adds (a second call does not add another)."""
+
+
 def init_log(level: int = 0, use_stderr: bool = True) -> None:
     """pycaffe's ``init_log([level[, stderr]])``: Caffe-format log lines at glog's
     ``minloglevel`` (0 INFO … 3 FATAL). Lines always go to stderr (glog's log files are not
@@ -60,10 +64,9 @@ def init_log(level: int = 0, use_stderr: bool = True) -> None:
     logger = logging.getLogger(LOGGER)
     logger.setLevel(_GLOG_LEVELS[level])
     logger.propagate = False
-    if not any(getattr(h, "_caffe2jax_init_log", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _InitLogHandler) for h in logger.handlers):
+        handler = _InitLogHandler(sys.stderr)
         handler.setFormatter(GlogFormatter())
-        handler._caffe2jax_init_log = True
         logger.addHandler(handler)
 
 

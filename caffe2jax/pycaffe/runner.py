@@ -28,7 +28,10 @@ from caffe2jax.lowering.python_class import settle
 from caffe2jax.pycaffe import programs
 
 if TYPE_CHECKING:
-    from caffe2jax.pycaffe.net import Net
+    from caffe2jax.pycaffe.blob import Blob
+    from caffe2jax.pycaffe.params import ParamBlobs
+    from caffe2jax.pycaffe.structure import Structure
+    from caffe2jax.runtime.train.compiled import CompiledNet
 
 
 @dataclass
@@ -53,10 +56,15 @@ def version_shape(model: Model, version: str) -> tuple[int, ...]:
 
 
 class Runner:
-    """Runs ranges of a pycaffe :class:`~caffe2jax.pycaffe.net.Net` and shows the results."""
+    """Runs ranges of a pycaffe :class:`~caffe2jax.pycaffe.net.Net` and shows the results in
+    its blobs. It is handed the parts of the net it works on (the compiled net, what Net::Init
+    fixed, the blobs, the param blobs) and holds :attr:`model`, the model of the current input
+    shapes."""
 
-    def __init__(self, net: Net):
-        self.net = net
+    def __init__(self, compiled: CompiledNet, structure: Structure, blobs: dict[str, Blob],
+                 params: ParamBlobs):  # fmt: skip
+        self.compiled, self.structure, self.blobs, self.params = compiled, structure, blobs, params
+        self.model: Model = compiled.model
         self.last: Forward | None = None
         self.wide = False  # a script read a blob a forward did not return
         self._whole_fails: set = set()  # input shapes the whole net cannot take
@@ -66,9 +74,8 @@ class Runner:
     def member(self, hi: int) -> Model:
         """The model for the input blobs' current shapes that reaches layer ``hi``: the whole
         net's when every layer takes them, else one whose shapes stop after ``hi``."""
-        net = self.net
-        current, base = net._model, net._net.model
-        shapes = {n: net.blobs[n].shape for n in base.inputs}
+        current, base = self.model, self.compiled.model
+        shapes = {n: self.blobs[n].shape for n in base.inputs}
         if current.inputs == shapes and self._reaches(current, hi):
             return current
         signature = tuple(sorted(shapes.items()))
@@ -77,14 +84,14 @@ class Runner:
                 return self._checked(base.reshape(shapes))
             except NetError:
                 self._whole_fails.add(signature)
-        layers = net._structure.layers
+        layers = self.structure.layers
         upto = next(c.key for c in reversed(layers[: hi + 1]) if c.key is not None)
         return self._checked(base.reshape(shapes, upto=upto))
 
     def _reaches(self, model: Model, hi: int) -> bool:
         if model.upto is None:
             return True
-        keys = [c.key for c in self.net._structure.layers[: hi + 1] if c.key is not None]
+        keys = [c.key for c in self.structure.layers[: hi + 1] if c.key is not None]
         names = [layer.name for layer in model.net.layers]
         return names.index(keys[-1]) <= names.index(model.upto)
 
@@ -92,7 +99,7 @@ class Runner:
         """``model`` once its params are known to fit the net's param blobs (Caffe's layers
         refuse a reshape that changes their params, e.g. InnerProduct's input size)."""
         if "params fit" not in model.programs:
-            blobs = self.net._params.blobs
+            blobs = self.params.blobs
             for name, j, decl in model.graph.owned():
                 have = blobs.get((name, j))
                 if have is not None and tuple(have.shape) != tuple(decl.shape):
@@ -108,19 +115,17 @@ class Runner:
 
     def forward(self, lo: int, hi: int, wanted: list[str]) -> None:
         """Run layers ``lo``..``hi``; ``wanted`` are the blobs the call returns."""
-        net = self.net
-        model = self.member(hi)
-        net._model = model
-        writes = net._structure.writes(lo, hi)
+        self.model = model = self.member(hi)
+        writes = self.structure.writes(lo, hi)
+        blobs = self.blobs
         if lo == 0:
             versions = model.graph.input_versions
-            env = {versions[n]: net.blobs[n]._device() for n in model.inputs}
+            env = {versions[n]: blobs[n].device_data() for n in model.inputs}
         else:
-            env = {
-                v: net.blobs[name]._device() for v, name in programs.plan(model, lo, hi).external
-            }
-        params, state = net.param_values()
-        key = net._net.key
+            plan = programs.plan(model, lo, hi)
+            env = {v: blobs[name].device_data() for v, name in plan.external}
+        params, state = self.params.values()
+        key = self.compiled.key
         if self.wide:
             key, rng = jax.random.split(key)
             out, new_state = programs.replay(model, lo, hi)(params, state, env, rng)
@@ -129,12 +134,12 @@ class Runner:
             run = programs.forward(model, lo, hi, returned)
             out, new_state, key, rng = run(params, state, env, key)
         settle(model.net, out)
-        net._net.key = key
+        self.compiled.key = key
         self.last = record = Forward(model, lo, hi, params, state, rng, env, out if self.wide
                                      else None)  # fmt: skip
         self._show(record, writes, out)
-        net._params.show({}, new_state)
-        net._net.sinks.write(out)
+        self.params.show({}, new_state)
+        self.compiled.sinks.write(out)
 
     @staticmethod
     def _sunk(model: Model) -> frozenset[str]:
@@ -143,7 +148,7 @@ class Runner:
                          for b in layer.bottoms)  # fmt: skip
 
     def _show(self, record: Forward, writes: dict[str, str], out: dict[str, Any]) -> None:
-        blobs = self.net.blobs
+        blobs = self.blobs
         for name, version in writes.items():
             if version in record.env:  # an input: the blob holds it already
                 continue
@@ -152,9 +157,9 @@ class Runner:
             if blob.shape != shape:
                 blob.reshape(*shape)
             if version in out:
-                blob._set_data(out[version])
+                blob.set_data(out[version])
             else:
-                blob._set_data(lambda v=version: self._replayed(record)[v])
+                blob.set_data(lambda v=version: self._replayed(record)[v])
 
     def _replayed(self, record: Forward) -> dict[str, Any]:
         """Every blob of ``record``'s forward (run again once; the next forwards return them
@@ -169,24 +174,23 @@ class Runner:
 
     def backward(self, lo: int, hi: int) -> None:
         """Caffe's BackwardFromTo(hi, lo) after the last forward (its state and rng)."""
-        net = self.net
         record = self.last
-        model = record.model if record is not None else net._model
+        model = record.model if record is not None else self.model
         if not self._reaches(model, hi):
             raise NetError(
-                f"backward from layer '{net._structure.layer_names[hi]}': the last forward's "
+                f"backward from layer '{self.structure.layer_names[hi]}': the last forward's "
                 f"input shapes reach only up to layer '{model.upto}' (later layers cannot "
                 "take them), so there is nothing to run backward from there"
             )
         plan, fn = programs.backward(model, lo, hi)
-        params, state = net.param_values()
-        rng = net._net.key
+        params, state = self.params.values()
+        rng = self.compiled.key
         if record is not None:
             state, rng = record.state, record.rng
-        env = {v: net.blobs[name]._device() for v, name in plan.external}
-        top_diffs = {name: net.blobs[name]._diff_device() for _, name in plan.seeds}
+        env = {v: self.blobs[name].device_data() for v, name in plan.external}
+        top_diffs = {name: self.blobs[name].device_diff() for _, name in plan.seeds}
         diffs, grads, _ = fn(params, state, env, rng, top_diffs)
         settle(model.net, (diffs, grads))
         for name, value in diffs.items():
-            net.blobs[name]._set_diff(value)
-        net._params.add_diffs(grads, ranges.param_mask(model.graph, lo, hi))
+            self.blobs[name].set_diff(value)
+        self.params.add_diffs(grads, ranges.param_mask(model.graph, lo, hi))

@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.pycaffe.net import Net
 from caffe2jax.runtime.train import solvers
 from caffe2jax.runtime.train.loop import SolverLoop
-from caffe2jax.runtime.train.rules import SOLVER_RULES
+from caffe2jax.runtime.train.rules import SOLVER_RULES, check_solver_type
 
 
 class Solver:
@@ -235,7 +234,5 @@ def get_solver(source: Any, devices: str | int | list[int] | None = None) -> Sol
     from caffe2jax.runtime.train.setup import read_solver_param
 
     param, _ = read_solver_param(source)
-    cls = SOLVER_CLASSES.get(param.type)
-    if cls is None:
-        raise SolverError(f"unknown solver type '{param.type}'; known: {', '.join(SOLVER_RULES)}")
-    return cls(source, devices=devices)
+    check_solver_type(param)
+    return SOLVER_CLASSES[param.type](source, devices=devices)

@@ -3,7 +3,7 @@
 
     python examples/segmentation/segnet_basic.py WORKDIR [--iters 400] [--batch 4]
 
-1. ``scripts/make_segmentation.py``: a synthetic set (4 classes, 48 train / 12 test images of
+1. ``make_segmentation.py``: a synthetic set (4 classes, 48 train / 12 test images of
    72×96, CamVid's 360×480 / 5, so that the net's ``pad_out_h`` upsampling fits).
 2. The train prototxt ``../shared/forks/models/segnet_basic_train.prototxt`` rewritten only
    where SegNet's tutorial tells users to (the list path, the batch size) and for the class
@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PROTOTXT = ROOT.parent / "shared" / "forks" / "models" / "segnet_basic_train.prototxt"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import make_segmentation  # noqa: E402
 

@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import fail
 
@@ -234,5 +234,4 @@ def video_data(layer: ir.Layer):
 
 
 for _form in ("c3d", "c3d-v1.0"):
-    register("VideoData", form=_form, counts=(0, 0, 1, 2), source=True, feed="pipeline",
-             reader=DATA + "video_data:VideoDataSource")(video_data)  # fmt: skip
+    register("VideoData", form=_form, counts=(0, 0, 1, 2), source=True, feed="pipeline")(video_data)

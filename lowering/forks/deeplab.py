@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import ir
-from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, Shape, register
 from caffe2jax.lowering.util import CHANNEL_AXES, fail
 
@@ -148,8 +148,7 @@ def _image_seg_data_v1(layer: ir.Layer):
 
 
 for _form, _fn in (("", _image_seg_data), ("deeplab-v1", _image_seg_data_v1)):
-    register("ImageSegData", form=_form, counts=(0, 0, 2, 3), source=True, feed="pipeline",
-             reader=DATA + "image_seg_data:ImageSegDataSource")(_fn)  # fmt: skip
+    register("ImageSegData", form=_form, counts=(0, 0, 2, 3), source=True, feed="pipeline")(_fn)
 
 
 # -- BN (PSPNet) --------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from jax import lax
 
 from caffe2jax.frontend import ir
 from caffe2jax.lowering.layers import neuron
-from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.python_layer import register_builtin_python_data_layer
 from caffe2jax.lowering.registry import Context, register
 from caffe2jax.lowering.util import fail
@@ -90,8 +90,7 @@ def dropout_scale_train(layer: ir.Layer, params, bottoms, ctx: Context) -> list[
     return [neuron.dropped(x, ratio, ctx, scale=scaled)]
 
 
-@register("RoIData", counts=(0, 0, 3, 3), source=True, feed="pipeline",
-          reader=DATA + "roi_data:RoIDataSource")  # fmt: skip
+@register("RoIData", counts=(0, 0, 3, 3), source=True, feed="pipeline")
 def roi_data(layer: ir.Layer):
     """py-faster-rcnn's RoIDataLayer, read by the runtime: tops data, im_info, gt_boxes."""
     return from_source(layer)

@@ -44,7 +44,7 @@ from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.layers import loss, neuron
-from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, Shape, register
 from caffe2jax.lowering.util import CHANNEL_AXES, canonical_axis, count, fail
 
@@ -236,8 +236,7 @@ def dropout_sample_test(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: C
     return [neuron.dropped(x, ratio, ctx)]
 
 
-@register("DenseImageData", counts=(0, 0, 2, 2), source=True, feed="pipeline",
-          reader=DATA + "dense_image_data:DenseImageDataSource")  # fmt: skip
+@register("DenseImageData", counts=(0, 0, 2, 2), source=True, feed="pipeline")
 def dense_image_data(layer: ir.Layer):
     """SegNet's DenseImageDataLayer: images and label maps, shapes from the source."""
     return from_source(layer)

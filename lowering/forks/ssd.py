@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.layers.data import DATA, from_source
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import fail
 
@@ -258,15 +258,13 @@ def smooth_l1_ssd(layer: ir.Layer, params, bottoms, ctx) -> list[jax.Array]:
 # -- data layers ----------------------------------------------------------------------------
 
 
-@register("AnnotatedData", counts=(0, 0, 1, 2), source=True, feed="pipeline",
-          reader=DATA + "annotated_data:AnnotatedDataSource")  # fmt: skip
+@register("AnnotatedData", counts=(0, 0, 1, 2), source=True, feed="pipeline")
 def annotated_data(layer: ir.Layer):
     """SSD's AnnotatedDataLayer: images and their boxes, shapes from the source."""
     return from_source(layer)
 
 
-@register("VideoData", form="ssd", counts=(0, 0, 1, 2), source=True, feed="pipeline",
-          reader=DATA + "video_data:VideoDataSource")  # fmt: skip
+@register("VideoData", form="ssd", counts=(0, 0, 1, 2), source=True, feed="pipeline")
 def video_data_ssd(layer: ir.Layer):
     """SSD's VideoData (a webcam or a video file): refused when the net is compiled."""
     raise fail(

@@ -3,10 +3,10 @@ except DummyData, which Caffe fills in the net itself.
 
 Reproduces the top shapes of Caffe's InputLayer, MemoryDataLayer and DummyDataLayer; Data,
 ImageData, HDF5Data and WindowData learn theirs from their source (the runtime's data pipeline
-reads one record, as Caffe's DataLayerSetUp does). Each registers how it is fed and the runtime
-class that reads it (``feed=``, ``reader=``: lowering/registry.py ``DATA_LAYERS``, the one table
-the feeder and the readers dispatch on); the forks' data layers register theirs in their own
-modules (lowering/forks/).
+reads one record, as Caffe's DataLayerSetUp does). Each registers how it is fed (``feed=``:
+lowering/registry.py ``DATA_LAYERS``, the one table the runtime's feeder dispatches on; the
+runtime registers the class that reads a type under the same type string); the forks' data
+layers register theirs in their own modules (lowering/forks/).
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import jax.numpy as jnp
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.fillers import fill
 from caffe2jax.lowering.registry import register
-
-#: The runtime's data package: readers are named ``DATA + "module:Class"``.
-DATA = "caffe2jax.runtime.data."
 
 
 @register("Input", counts=(0, 0, 1, None), source=True, feed="caller")
@@ -42,7 +39,6 @@ def input_layer(layer):
     counts=(0, 0, 2, 2),
     source=True,
     feed="memory",
-    reader=DATA + "feeding:MemoryData",
 )
 def memory_data(layer):
     """MemoryDataLayer: data (batch_size, channels, height, width) and label (batch_size,)."""
@@ -56,17 +52,15 @@ def from_source(layer):
     return [None] * len(layer.tops)
 
 
-#: BVLC's pipeline data layers: type -> (counts, reader)
+#: BVLC's pipeline data layers: type -> counts
 _PIPELINE = {
-    "Data": ((0, 0, 1, 2), "data_layer:DataLayerSource"),
-    "ImageData": ((0, 0, 2, 2), "image_data:ImageDataSource"),
-    "HDF5Data": ((0, 0, 1, None), "hdf5:HDF5DataSource"),
-    "WindowData": ((0, 0, 2, 2), "window_data:WindowDataSource"),
+    "Data": (0, 0, 1, 2),
+    "ImageData": (0, 0, 2, 2),
+    "HDF5Data": (0, 0, 1, None),
+    "WindowData": (0, 0, 2, 2),
 }
-for _type, (_counts, _reader) in _PIPELINE.items():
-    register(_type, counts=_counts, source=True, feed="pipeline", reader=DATA + _reader)(
-        from_source
-    )
+for _type, _counts in _PIPELINE.items():
+    register(_type, counts=_counts, source=True, feed="pipeline")(from_source)
 
 
 def _dummy_shapes(layer) -> list[tuple[int, ...]]:
@@ -109,7 +103,7 @@ def dummy_data(layer, params, bottoms, ctx):
     return tops
 
 
-@register("HDF5Output", counts=(2, 2, 0, 0), feed="sink", reader=DATA + "hdf5:HDF5OutputSink")
+@register("HDF5Output", counts=(2, 2, 0, 0), feed="sink")
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
     bottoms to the layer's file after each forward (caffe2jax.runtime.data.feeding.Sinks)."""

@@ -22,7 +22,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.files import ListEntry
-from caffe2jax.runtime.data.transform import PHASES, DataTransformer
+from caffe2jax.runtime.data.transform.transformer import PHASES, DataTransformer
 
 
 class DataSource(ABC):
@@ -195,7 +195,7 @@ class ItemSource(DataSource):
 def checked_batch(layer: str, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """``shapes``, once one batch of them is known to be shapes Caffe allows that fit in
     memory (a DataError naming ``layer`` otherwise, before anything is allocated)."""
-    from caffe2jax.runtime.parallel.memory import check_batches_fit
+    from caffe2jax.runtime.host.memory import check_batches_fit
 
     check_batches_fit(layer, [f"#{i}" for i in range(len(shapes))], shapes, 1)
     return shapes

@@ -14,63 +14,8 @@ import numpy as np
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.lowering.registry import DATA_LAYERS, data_layers
-
-
-class MemoryData:
-    """Caffe's MemoryDataLayer: cycles through user arrays ``batch_size`` rows at a time."""
-
-    def __init__(self, layer: ir.Layer):
-        p = layer.param.memory_data_param
-        self.layer = layer
-        self.batch_size = p.batch_size
-        self.shape = (p.channels, p.height, p.width)
-        self.data: np.ndarray | None = None
-        self.labels: np.ndarray | None = None
-        self.pos = 0
-
-    def top_shapes(self) -> list[tuple[int, ...]]:
-        return [(self.batch_size, *self.shape), (self.batch_size,)]
-
-    def reset(self, data: np.ndarray, labels: np.ndarray) -> None:
-        data = np.ascontiguousarray(data, np.float32)
-        labels = np.ascontiguousarray(labels, np.float32).reshape(len(labels), -1)[:, 0]
-        name = self.layer.name
-        if data.ndim != 4 or data.shape[1:] != self.shape:
-            raise DataError(
-                f"MemoryData layer '{name}': data must be (N, {', '.join(map(str, self.shape))}), "
-                f"got {list(data.shape)}"
-            )
-        if len(labels) != len(data):
-            raise DataError(
-                f"MemoryData layer '{name}': {len(data)} data rows but {len(labels)} labels"
-            )
-        if len(data) % self.batch_size:
-            raise DataError(
-                f"MemoryData layer '{name}': the number of rows ({len(data)}) must be a "
-                f"multiple of batch_size ({self.batch_size})"
-            )
-        self.data, self.labels, self.pos = data, labels, 0
-
-    def next_batch(self) -> list[np.ndarray]:
-        if self.data is None:
-            raise DataError(
-                f"MemoryData layer '{self.layer.name}' has no data: call "
-                "set_input_arrays(data, labels) first"
-            )
-        rows = slice(self.pos, self.pos + self.batch_size)
-        self.pos = (self.pos + self.batch_size) % len(self.data)
-        return [self.data[rows], self.labels[rows]]
-
-    def get_state(self) -> dict:
-        return {"pos": self.pos}
-
-    def set_state(self, state: dict) -> None:
-        self.pos = int(state["pos"])
-
-    def skip(self, batches: int) -> None:
-        """Advance as if ``batches`` forwards had run (resuming a run at an iteration)."""
-        if self.data is not None:
-            self.pos = (self.pos + batches * self.batch_size) % len(self.data)
+from caffe2jax.runtime.data.readers import reader_for
+from caffe2jax.runtime.data.readers.memory_data import MemoryData
 
 
 def open_source(
@@ -82,10 +27,31 @@ def open_source(
     if kind is None or kind.feed not in ("memory", "pipeline"):
         return None
     if kind.feed == "memory":
-        return MemoryData(layer)
+        return reader_for(layer.type)(layer)
     from caffe2jax.runtime.data.sources import make_source
 
     return make_source(layer.param, phase, base_dir=base_dir, seed=seed, form=layer.form)
+
+
+def source_shapes(net: ir.Net, base_dir: Path) -> tuple[dict, str]:
+    """Shapes the net's data layers declare by reading their sources, as Caffe does at setup;
+    ``({}, reason)`` when a source cannot be opened here. No prefetching starts (a huge
+    declared batch is reported by the size check, never read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in net.layers:
+        try:
+            source = open_source(layer, net.phase, base_dir)
+        except DataError as err:
+            return {}, str(err)
+        if source is None:
+            continue
+        try:
+            shapes.update(zip(layer.top_names, source.top_shapes()))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+    return shapes, ""
 
 
 class Feeder:
@@ -108,7 +74,7 @@ class Feeder:
                 continue
             if not isinstance(source, MemoryData):
                 from caffe2jax.runtime.data.prefetch import Prefetcher, prefetch_depth
-                from caffe2jax.runtime.parallel.memory import check_batches_fit
+                from caffe2jax.runtime.host.memory import check_batches_fit
 
                 depth = prefetch_depth(layer.param)
                 try:
@@ -184,7 +150,7 @@ class Sinks:
     def write(self, blobs: dict[str, object]) -> None:
         if not self.layers:
             return
-        from caffe2jax.runtime.data.hdf5 import make_sink
+        from caffe2jax.runtime.data.readers.hdf5_data import make_sink
 
         for layer in self.layers:
             if layer.name not in self._sinks:

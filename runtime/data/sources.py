@@ -5,17 +5,19 @@ record for that), then yields float32 batches in Caffe's layout: data (N, C, H, 
 (N,). Relative paths are tried against the working directory first, as Caffe does, then
 against ``base_dir`` (the prototxt's folder, passed by the caller).
 
-* ``Data`` (LMDB/LevelDB of Datums): :mod:`.data_layer`;
-* ``ImageData`` (a list of image files): :mod:`.image_data`;
-* ``WindowData`` (R-CNN's windows of images): :mod:`.window_data`;
-* the forks' ``DenseImageData`` (SegNet/ENet), ``ImageSegData`` (DeepLab) and ``VideoData``
-  (C3D): :mod:`.dense_image_data`, :mod:`.image_seg_data`, :mod:`.video_data`;
-* ``HDF5Data`` and the ``HDF5Output`` sink: :mod:`.hdf5`.
+* ``Data`` (LMDB/LevelDB of Datums): :mod:`.readers.data_layer`;
+* ``ImageData`` (a list of image files): :mod:`.readers.image_data`;
+* ``WindowData`` (R-CNN's windows of images): :mod:`.readers.window_data`;
+* the forks' ``DenseImageData`` (SegNet/ENet), ``ImageSegData`` (DeepLab), ``VideoData``
+  (C3D), ``AnnotatedData`` (SSD) and the built-in ``RoIData`` (py-faster-rcnn): their modules
+  in :mod:`.readers`;
+* ``HDF5Data`` and the ``HDF5Output`` sink: :mod:`.readers.hdf5_data`.
 
-Which class reads which type is lowering's one table of data layers (``DATA_LAYERS``): a new
-layer type (a fork's DenseImageData, say) is a row there naming its class, an
-:class:`~.base.ItemSource` whose ``_records`` walks its records and whose ``_item`` decodes
-one, and the pipeline's worker threads, slots and exact resume come with it.
+How a type is fed is lowering's one table of data layers (``DATA_LAYERS``); which class reads
+it is the registry of :mod:`.readers` (by Caffe type string): a new layer type (a fork's
+DenseImageData, say) is a row there and a registered :class:`~.base.ItemSource` whose
+``_records`` walks its records and whose ``_item`` decodes one, and the pipeline's worker
+threads, slots and exact resume come with it.
 
 Every item of a batch must have the first record's shape: the graph is compiled for it (Caffe
 re-shapes per batch, but also requires one shape within a batch).
@@ -23,7 +25,6 @@ re-shapes per batch, but also requires one shape within a batch).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2
@@ -37,11 +38,12 @@ from caffe2jax.runtime.data.base import (
     plain,
     positive_batch_size,
 )
-from caffe2jax.runtime.data.data_layer import DataLayerSource
-from caffe2jax.runtime.data.image_data import ImageDataSource
+from caffe2jax.runtime.data.readers import reader_for
+from caffe2jax.runtime.data.readers.data_layer import DataLayerSource
+from caffe2jax.runtime.data.readers.image_data import ImageDataSource
 
-# The pipeline's data layer types that have a reader (lowering.registry.DATA_LAYERS).
-SUPPORTED = tuple(t for t in data_layers("pipeline") if DATA_LAYERS[t].reader)
+# The pipeline's data layer types (lowering.registry.DATA_LAYERS) that have a reader.
+SUPPORTED = tuple(t for t in data_layers("pipeline") if reader_for(t) is not None)
 
 __all__ = ["SUPPORTED", "DataLayerSource", "DataSource", "ImageDataSource", "ItemSource",
            "check_phase", "make_rngs", "make_source", "plain", "positive_batch_size",
@@ -49,20 +51,21 @@ __all__ = ["SUPPORTED", "DataLayerSource", "DataSource", "ImageDataSource", "Ite
 
 
 def reader_class(layer: caffe_pb2.LayerParameter, feed: str) -> type:
-    """The runtime class lowering's data-layer table (``DATA_LAYERS``) names for ``layer``,
-    which must be fed as ``feed`` (``"pipeline"``, ``"memory"`` or ``"sink"``)."""
+    """The reader registered for ``layer``'s type (:mod:`.readers`), which lowering's table of
+    data layers (``DATA_LAYERS``) must say is fed as ``feed`` (``"pipeline"``, ``"memory"``
+    or ``"sink"``)."""
     kind = DATA_LAYERS.get(layer.type)
-    readable = ", ".join(t for t in data_layers(feed) if DATA_LAYERS[t].reader)
+    readable = ", ".join(t for t in data_layers(feed) if reader_for(t) is not None)
     if kind is None or kind.feed != feed:
         what = "a data layer" if kind is None else f"a {feed} data layer"
         raise DataError(f"layer {layer.name!r}: {layer.type!r} is not {what} ({readable})")
-    if kind.reader is None:
+    found = reader_for(layer.type)
+    if found is None:
         raise DataError(
             f"layer {layer.name!r}: {layer.type} is not supported (supported data layers: "
             f"{readable}; HDF5Output as a sink)"
         )
-    module, name = kind.reader.split(":")
-    return getattr(importlib.import_module(module), name)
+    return found
 
 
 def make_source(

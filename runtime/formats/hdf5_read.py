@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.runtime.parallel.memory import available_memory
+from caffe2jax.runtime.host.memory import available_memory
 
 # Declared bytes per stored byte. Trained float weights hardly compress (~1.1:1); a blob of
 # over 1 MiB expanding 256-fold is a compression bomb or space the file never wrote (chunks

@@ -59,7 +59,7 @@ def device_key(rng: jax.Array) -> jax.Array:
 def sharded_step(trainer: Any, mesh: Mesh) -> Callable:
     """The trainer's step over ``mesh``: same signature and results as the one-device step
     (:meth:`caffe2jax.runtime.train.step.Trainer._make_step`), passes sharded along the batch."""
-    passes_fn, iter_size = trainer._make_passes(), trainer.iter_size
+    passes_fn, iter_size = trainer.make_passes(), trainer.iter_size
 
     def local(params, state, passes, rng):
         grads, state, losses, out, last_in = passes_fn(params, state, passes, device_key(rng))
@@ -235,10 +235,12 @@ def check_loop(loop: Any) -> None:
     shard_feeders(loop)
 
 
-def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, float]:
-    """Solver::Test on the mesh: the same test_iter batches, in the same order, with the
-    same keys as on one device, one per device at a time; the last round is padded with
-    repeats that count for nothing. Scores equal the one-device test."""
+def test_on_mesh(loop: Any, index: int, params: dict, state: dict,
+                 forward: Callable) -> dict[str, float]:  # fmt: skip
+    """Solver::Test on the mesh with ``forward`` (:func:`test_forward` of the test net):
+    the same test_iter batches, in the same order, with the same keys as on one device, one
+    per device at a time; the last round is padded with repeats that count for nothing.
+    Scores equal the one-device test."""
     net, n = loop.tests[index], loop.mesh.size
     iters = loop.param.test_iter[index]
     params, state = loop.trainer.place(params, state)
@@ -253,7 +255,7 @@ def test_on_mesh(loop: Any, index: int, params: dict, state: dict) -> dict[str, 
             net.key, rng = jax.random.split(net.key)
             keys.append(rng)
         keys += keys[-1:] * (n - count)
-        blobs, (outputs, objective), _ = loop._test_forward[index](
+        blobs, (outputs, objective), _ = forward(
             params, state, assemble(fed, loop.mesh),
             shard_keys(keys, loop.mesh))  # fmt: skip
         if net.sinks.layers:

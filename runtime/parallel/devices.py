@@ -11,7 +11,6 @@ plays the root solver.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.runtime.host.process import exit_now
 
 DATA = "data"
 DEFAULT_TIMEOUT_S = 60
@@ -169,12 +169,9 @@ def initialize(coordinator: str, num_processes: int, process_id: int,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     def give_up() -> None:
-        sys.stderr.write(
-            f"caffe2jax: error: the coordinator {coordinator} did not gather all "
-            f"{num_processes} processes within {timeout_s} s (this is process {process_id})\n"
-        )
-        sys.stderr.flush()
-        os._exit(1)
+        exit_now(1, f"caffe2jax: error: the coordinator {coordinator} did not gather all "
+                 f"{num_processes} processes within {timeout_s} s (this is process "
+                 f"{process_id})\n")  # fmt: skip
 
     watchdog = threading.Timer(timeout_s, give_up)
     watchdog.daemon = True

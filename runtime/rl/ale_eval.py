@@ -1,9 +1,10 @@
 """Running a trained policy on Atari without learning (``caffe2jax rl --test`` on ``ALE/…``).
 
-The episodes are played by :func:`.ale_loop.play` — the same emulators, preprocessing and
-action draw as training — greedily (the most probable action) or sampled as MyCaffe's
-``Brain.act`` draws; episode ``k`` uses the sticky-action generator of the test seed and ``k``.
-The screens of the first episode can be kept for a GIF (:func:`.render.write_screens`).
+The episodes are played by the trainer's driver (:meth:`.ale_loop.AleLoop.play`) — the
+same emulators, preprocessing and action draw as training — greedily (the most probable
+action) or sampled as MyCaffe's ``Brain.act`` draws; episode ``k`` uses the sticky-action
+generator of the test seed and ``k``. The screens of the first episode can be kept for a GIF
+(:func:`.render.write_screens`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import jax
 import numpy as np
 
 from caffe2jax.lowering.graph import Params
-from caffe2jax.runtime.rl import ale_loop
 from caffe2jax.runtime.rl.evaluate import EvalResult
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def evaluate(
         if group == 0 and episode[0] == 0 and len(screens) < frames:
             screens.append(np.array(obs[0, -1] if obs.ndim == 5 else obs[0]))
 
-    played = ale_loop.play(trainer, params, state, jax.random.key(seed), 0, episodes,
+    played = trainer.driver.play(params, state, jax.random.key(seed), 0, episodes,
                            greedy=greedy, record=False, on_screen=keep)  # fmt: skip
     lengths = played.steps.astype(np.int64)
     horizon = trainer.config.horizon or 0

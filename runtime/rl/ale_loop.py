@@ -59,20 +59,18 @@ def decoder(config: RLConfig) -> Callable[[jax.Array], jax.Array]:
 
 
 def _act_fn(trainer: PolicyGradientTrainer) -> Any:
-    """Jitted ``(params, state, red, prev, has_prev, key, step, group, episode, greedy) ->
+    """``(params, state, red, prev, has_prev, key, step, group, episode, greedy) ->
     (stored x, probs, action, cur)`` for one group of lanes (the draw's key is ``key`` folded
     with the group's step and the group)."""
-    cached = getattr(trainer, "_ale_act", None)
-    if cached is not None:
-        return cached
-    spec, cfg = trainer.policy.spec, trainer.config
+    policy, cfg = trainer.policy, trainer.config
+    spec = policy.spec
 
     def act(params, state, red, prev, has_prev, key, step, group, episode, greedy):
         n = red.shape[0]
         key = jax.random.fold_in(jax.random.fold_in(key, step), group)
         cur = (pixels.binarise(red) if cfg.preprocess else pixels.scale(red)).reshape(n, -1)
         x = pixels.difference(cur, prev, has_prev) if cfg.difference_input else cur
-        probs = trainer.policy.forward(params, state, x)[0]
+        probs = policy.forward(params, state, x)[0]
         if greedy:
             probs = greedy_probs(spec.kind, probs)
         u = jax.random.uniform(key, (n,), jnp.float32)
@@ -84,8 +82,7 @@ def _act_fn(trainer: PolicyGradientTrainer) -> Any:
         stored = pixels.pack_difference(x) if cfg.preprocess else x
         return stored, probs, action, cur
 
-    trainer._ale_act = jax.jit(act, static_argnames="greedy")
-    return trainer._ale_act
+    return act
 
 
 @dataclass
@@ -147,8 +144,8 @@ class _Runner:
     """One :func:`play`: the emulator groups, each group's device memory of the previous
     frame, its forward in flight, and each lane's sticky-action generator."""
 
-    def __init__(self, trainer, params, state, key, first, book, greedy, on_screen):
-        self.envs, self.cfg, self.act = trainer.ale, trainer.config, _act_fn(trainer)
+    def __init__(self, driver, params, state, key, first, book, greedy, on_screen):
+        self.envs, self.cfg, self.act = driver.envs, driver.trainer.config, driver.act
         self.params, self.state, self.key, self.first = params, state, key, first
         self.book, self.greedy, self.on_screen = book, greedy, on_screen
         groups = len(self.envs.groups)
@@ -223,33 +220,6 @@ class _Runner:
         return True
 
 
-def play(
-    trainer: PolicyGradientTrainer,
-    params: Any,
-    state: Any,
-    key: jax.Array,
-    first: int,
-    count: int,
-    *,
-    greedy: bool = False,
-    record: bool = True,
-    on_screen: OnScreen | None = None,
-) -> Played:
-    """Play episodes ``first .. first + count - 1`` of the run on the emulators; ``on_screen``
-    sees every group's RGB screens with the episode each lane plays (-1: idle)."""
-    book = _Book(count, trainer.config.num_envs, record)
-    runner = _Runner(trainer, params, state, key, first, book, greedy, on_screen)
-    for g in range(len(runner.envs.groups)):
-        runner.start(g)
-    live = [True] * len(runner.envs.groups)
-    while any(live):
-        for g in range(len(live)):
-            if live[g]:
-                live[g] = runner.advance(g)
-    book.played.returns, book.played.steps = book.sums, book.steps
-    return book.played
-
-
 def _bucket(steps: int) -> int:
     """Trajectory lengths: multiples of 64 (the learn chunk) on a 1, 1.25, 1.5, 1.75 × 2^m
     grid, so the update compiles once per bucket and pads at most 25%."""
@@ -282,16 +252,50 @@ def trajectory(played: Played, k: int) -> Trajectory:
     return Trajectory(*(jnp.asarray(a) for a in (x, actions, probs, rewards, mask)))
 
 
-def train_batch(
-    trainer: PolicyGradientTrainer, ts: PolicyState
-) -> tuple[PolicyState, BatchMetrics]:
-    """``batch_size`` Atari episodes, then the jitted rule and ONE solver update."""
-    cfg = trainer.config
-    key, k_play = jax.random.split(ts.key)
-    first = int(ts.lanes.episodes)
-    played = play(trainer, ts.params, ts.state, k_play, first, cfg.batch_size)
-    k = 1 if trainer.policy.spec.kind == SIGMOID else trainer.policy.spec.num_actions
-    traj = trajectory(played, k)
-    params, opt_state = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
-    lanes = ts.lanes._replace(episodes=ts.lanes.episodes + cfg.batch_size)
-    return PolicyState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
+class AleLoop:
+    """Drives the Atari emulators for a trainer (:class:`~.driver.EnvDriver`): training
+    batches, and :meth:`play` for evaluation (:mod:`.ale_eval`)."""
+
+    def __init__(self, trainer: PolicyGradientTrainer):
+        self.trainer = trainer
+        self.envs = trainer.ale
+        self.act = jax.jit(_act_fn(trainer), static_argnames="greedy")
+
+    def play(
+        self,
+        params: Any,
+        state: Any,
+        key: jax.Array,
+        first: int,
+        count: int,
+        *,
+        greedy: bool = False,
+        record: bool = True,
+        on_screen: OnScreen | None = None,
+    ) -> Played:
+        """Play episodes ``first .. first + count - 1`` of the run on the emulators;
+        ``on_screen`` sees every group's RGB screens with the episode each lane plays (-1:
+        idle)."""
+        book = _Book(count, self.trainer.config.num_envs, record)
+        runner = _Runner(self, params, state, key, first, book, greedy, on_screen)
+        for g in range(len(runner.envs.groups)):
+            runner.start(g)
+        live = [True] * len(runner.envs.groups)
+        while any(live):
+            for g in range(len(live)):
+                if live[g]:
+                    live[g] = runner.advance(g)
+        book.played.returns, book.played.steps = book.sums, book.steps
+        return book.played
+
+    def train_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
+        """``batch_size`` Atari episodes, then the jitted rule and ONE solver update."""
+        trainer = self.trainer
+        cfg, spec = trainer.config, trainer.policy.spec
+        key, k_play = jax.random.split(ts.key)
+        first = int(ts.lanes.episodes)
+        played = self.play(ts.params, ts.state, k_play, first, cfg.batch_size)
+        traj = trajectory(played, 1 if spec.kind == SIGMOID else spec.num_actions)
+        params, opt_state = trainer.learn(ts.params, ts.state, ts.opt_state, traj)
+        lanes = ts.lanes.replace(episodes=ts.lanes.episodes + cfg.batch_size)
+        return PolicyState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)

@@ -71,6 +71,10 @@ class Transition(NamedTuple):
     truncated: jax.Array
     final_obs: jax.Array
 
+    def replace(self, **changes: Any) -> Transition:
+        """A copy with ``changes`` (the tuple's ``_replace``)."""
+        return self._replace(**changes)
+
 
 @dataclasses.dataclass(frozen=True)
 class CartPoleParams:
@@ -267,4 +271,4 @@ def step_autoreset(
     fresh_state, fresh_obs = reset(params, key)
     new_state = jax.tree.map(lambda a, b: jnp.where(tr.done, a, b), fresh_state, tr.state)
     obs = jnp.where(tr.done[..., None], fresh_obs, tr.obs)
-    return tr._replace(state=new_state, obs=obs)
+    return tr.replace(state=new_state, obs=obs)

@@ -72,7 +72,7 @@ class GymnaxEnv:
         tr = self.step(state, action)
         fresh_state, fresh_obs = self.reset(key)
         new_state = jax.tree.map(lambda a, b: jnp.where(tr.done, a, b), fresh_state, tr.state)
-        return tr._replace(state=new_state, obs=jnp.where(tr.done, fresh_obs, tr.obs))
+        return tr.replace(state=new_state, obs=jnp.where(tr.done, fresh_obs, tr.obs))
 
 
 def make(name: str) -> GymnaxEnv:

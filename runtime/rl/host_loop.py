@@ -4,7 +4,7 @@
 forward and MyCaffe's action draw run as one small jitted function over the ``batch_size``
 lanes, :class:`~caffe2jax.runtime.rl.gym_host.HostEnv` steps each Gymnasium copy in Python,
 and once every lane's episode has ended the padded trajectory goes through the same jitted
-rule and solver update as the JAX path (:meth:`PolicyGradientTrainer._learn_fn`). A lane whose
+rule and solver update as the JAX path (:meth:`PolicyGradientTrainer.learn`). A lane whose
 episode ended keeps being stepped (HostEnv resets it) but nothing more of it is recorded or
 counted. Trajectories are padded to a power of two (at least 16 steps) so the update compiles
 once per length bucket. Episodes end when Gymnasium says so (its TimeLimit), or after the
@@ -43,28 +43,41 @@ def open_env(config: RLConfig) -> HostEnv:
     return host
 
 
-def _act_fn(trainer: PolicyGradientTrainer) -> Any:
-    """Jitted ``(params, state, seen, lanes, alive, key, first) -> (x, lanes, probs, action)``
-    (``first``: the batch's first episode index, for PG.MT's ε schedule)."""
-    cached = getattr(trainer, "_host_act", None)
-    if cached is not None:
-        return cached
-    spec, cfg = trainer.policy.spec, trainer.config
+class HostLoop:
+    """Drives a Gymnasium environment for a trainer (:class:`~.driver.EnvDriver`)."""
 
-    def act(params, state, seen, lanes, alive, key, first):
-        x, lanes = preprocess(seen, lanes, alive, cfg.difference_input)
-        probs = trainer.policy.forward(params, state, x)[0]
-        u = jax.random.uniform(key, (seen.shape[0],), jnp.float32)
-        action = sample(spec.kind, probs, u)
-        if cfg.eps_steps > 0:
-            index = first + jnp.arange(seen.shape[0], dtype=jnp.int32)
-            eps = rule.epsilon(index, cfg.eps_steps, cfg.eps_start, cfg.eps_end)
-            u_eps = jax.random.uniform(jax.random.fold_in(key, 1), (seen.shape[0], 2))
-            probs, action = explore(spec.kind, probs, action, eps, u_eps)
-        return x, lanes, probs, action
+    def __init__(self, trainer: PolicyGradientTrainer):
+        self.trainer = trainer
+        self.act = jax.jit(self._act_fn())
 
-    trainer._host_act = jax.jit(act)
-    return trainer._host_act
+    def _act_fn(self) -> Any:
+        """``(params, state, seen, lanes, alive, key, first) -> (x, lanes, probs, action)``
+        (``first``: the batch's first episode index, for PG.MT's ε schedule)."""
+        policy, cfg = self.trainer.policy, self.trainer.config
+        spec = policy.spec
+
+        def act(params, state, seen, lanes, alive, key, first):
+            x, lanes = preprocess(seen, lanes, alive, cfg.difference_input)
+            probs = policy.forward(params, state, x)[0]
+            u = jax.random.uniform(key, (seen.shape[0],), jnp.float32)
+            action = sample(spec.kind, probs, u)
+            if cfg.eps_steps > 0:
+                index = first + jnp.arange(seen.shape[0], dtype=jnp.int32)
+                eps = rule.epsilon(index, cfg.eps_steps, cfg.eps_start, cfg.eps_end)
+                u_eps = jax.random.uniform(jax.random.fold_in(key, 1), (seen.shape[0], 2))
+                probs, action = explore(spec.kind, probs, action, eps, u_eps)
+            return x, lanes, probs, action
+
+        return act
+
+    def train_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
+        """``batch_size`` Gymnasium episodes from the host, then the jitted rule and update."""
+        key, k_play = jax.random.split(ts.key)
+        record, lanes = _play(self.trainer, self.act, ts, k_play)
+        length = _bucket(len(record["m"]))
+        traj = Trajectory(*(_pad(record[k], length) for k in "xaprm"))
+        params, opt_state = self.trainer.learn(ts.params, ts.state, ts.opt_state, traj)
+        return PolicyState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
 
 
 def _bucket(steps: int) -> int:
@@ -77,9 +90,9 @@ def _pad(rows: list[np.ndarray], length: int) -> jax.Array:
     return jnp.asarray(np.concatenate([stacked, pad]))
 
 
-def _play(trainer: PolicyGradientTrainer, ts: PolicyState, key: jax.Array) -> tuple:
+def _play(trainer: PolicyGradientTrainer, act: Any, ts: PolicyState, key: jax.Array) -> tuple:
     """One episode per lane on the host: lists of per-step arrays and the new lane memory."""
-    host, cfg, act = trainer.host, trainer.config, _act_fn(trainer)
+    host, cfg = trainer.host, trainer.config
     true_obs = host.reset().reshape(cfg.batch_size, -1).astype(np.float32)
     seen, lanes = true_obs, ts.lanes
     first = lanes.episodes
@@ -105,16 +118,4 @@ def _play(trainer: PolicyGradientTrainer, ts: PolicyState, key: jax.Array) -> tu
         true_obs = final
         t += 1
         alive &= ~(terminated | truncated) & (not cfg.horizon or t < cfg.horizon)
-    return record, lanes._replace(episodes=first + cfg.batch_size)
-
-
-def train_batch(
-    trainer: PolicyGradientTrainer, ts: PolicyState
-) -> tuple[PolicyState, BatchMetrics]:
-    """``batch_size`` Gymnasium episodes from the host, then the jitted rule and update."""
-    key, k_play = jax.random.split(ts.key)
-    record, lanes = _play(trainer, ts, k_play)
-    length = _bucket(len(record["m"]))
-    traj = Trajectory(*(_pad(record[k], length) for k in "xaprm"))
-    params, opt_state = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
-    return PolicyState(params, ts.state, opt_state, key, lanes), episode_metrics(traj)
+    return record, lanes.replace(episodes=first + cfg.batch_size)

@@ -53,6 +53,13 @@ class Lanes(NamedTuple):
     has_last: jax.Array  # (B,) bool
     episodes: jax.Array  # () int32
 
+    def replace(self, **changes: Any) -> Lanes:
+        """A copy with ``changes`` (the tuple's ``_replace``)."""
+        return self._replace(**changes)
+
+    def as_dict(self) -> dict[str, jax.Array]:
+        return self._asdict()
+
 
 class Trajectory(NamedTuple):
     """A batch of episodes, time-major ``(T, B, ...)``; ``mask`` is 1 on real steps."""
@@ -112,7 +119,7 @@ def preprocess(
         return seen, lanes
     x = jnp.where(lanes.has_last[:, None], seen - lanes.last, 0.0)
     last = jnp.where(alive[:, None], seen, lanes.last)
-    return x, lanes._replace(last=last, has_last=lanes.has_last | alive)
+    return x, lanes.replace(last=last, has_last=lanes.has_last | alive)
 
 
 def explore(
@@ -142,6 +149,10 @@ class Carry(NamedTuple):
     alive: jax.Array
     t: jax.Array
     first_episode: jax.Array  # () int32: the batch's first episode index (ε schedule)
+
+    def replace(self, **changes: Any) -> Carry:
+        """A copy with ``changes`` (the tuple's ``_replace``)."""
+        return self._replace(**changes)
 
 
 def _step_fn(
@@ -175,10 +186,10 @@ def _step_fn(
         # one packed row per lane: fewer buffer updates per step than five outputs
         packed = [probs, action[:, None].astype(jnp.float32), (tr.reward * alive)[:, None]]
         out = (x, jnp.concatenate([*packed, alive[:, None]], axis=1))
-        nxt = carry._replace(
+        nxt = carry.replace(
             env=tr.state, true_obs=tr.obs, seen=seen, lanes=lanes, alive=carry.alive & ~done
         )
-        nxt = nxt._replace(t=carry.t + 1)
+        nxt = nxt.replace(t=carry.t + 1)
         return nxt, out
 
     return body
@@ -213,7 +224,7 @@ def rollout_start(
     state, obs = lax.map(env.reset, jax.random.split(k_reset, batch))
     alive = jnp.ones((batch,), jnp.bool_)
     first = lanes.episodes
-    lanes = lanes._replace(episodes=lanes.episodes + batch)
+    lanes = lanes.replace(episodes=lanes.episodes + batch)
     carry = Carry(state, obs, obs, lanes, alive, jnp.zeros((), jnp.int32), first)
     return _segment(env, opts, kind, act, carry, k_u, k_auto)
 

@@ -81,7 +81,7 @@ def train_seeds(
         )
     ts = jax.jit(jax.vmap(_init_fn(trainer)))(np.asarray(seeds, np.uint32))
     ts = _shard(ts, len(seeds))
-    batch = jax.jit(jax.vmap(trainer._batch_fn))
+    batch = jax.jit(jax.vmap(trainer.driver.batch_fn))
     chunks: list[np.ndarray] = []
     solved: list[int | None] = [None] * len(seeds)
     steps, done = 0, 0

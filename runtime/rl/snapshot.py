@@ -1,75 +1,49 @@
-"""Snapshots of a policy-gradient run, and their exact resume.
+"""Snapshots of a policy-gradient run, and their exact resume, in the one snapshot record of
+:mod:`caffe2jax.runtime.formats.snapshot` (kind ``"rl"``).
 
 A snapshot is Caffe's pair — ``<prefix>_iter_<N>.caffemodel`` (the policy's weights) and
 ``<prefix>_iter_<N>.solverstate`` (``iter``, ``current_step``, the solver's history: RMSProp's
 squared-gradient average, Adam's moments…), both readable by Caffe — and beside the solverstate
-the resume record ``….solverstate.resume.json`` (the training loop's sidecar, see
-:func:`caffe2jax.runtime.train.loop.resume_path`) with what an exact resume needs beyond
-Caffe's files: the PRNG key, the episode counter and each lane's difference memory
-(MyCaffe's ``m_sdLast``), every episode's return so far, the running reward, the env steps,
-the elapsed seconds, the seed and the environment. Snapshots are taken between batches; every
-environment here starts a batch from state that the seed and the episode counter determine
-(the JAX Cart-Poles' lanes, the Atari emulators' resets and sticky-action generators), so a
-resumed run plays the same episodes as an uninterrupted one with the same seed (tested after
-``kill -9``). Gymnasium (``gym:``) environments continue their own random streams: resuming
-one is refused.
+the resume record with what an exact resume needs beyond Caffe's files: the PRNG key (key
+``"run"``), the episode counter and each lane's difference memory (MyCaffe's ``m_sdLast``;
+arrays ``last``, ``has_last``, ``episodes``), every episode's return so far, the running
+reward, the env steps, the elapsed seconds and the environment (values), and the seed.
+Snapshots are taken between batches; every environment here starts a batch from state that the
+seed and the episode counter determine (the JAX Cart-Poles' lanes, the Atari emulators' resets
+and sticky-action generators), so a resumed run plays the same episodes as an uninterrupted
+one with the same seed (tested after ``kill -9``). Gymnasium (``gym:``) environments continue
+their own random streams: resuming one is refused.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.runtime.formats.atomic import atomic_write
-from caffe2jax.runtime.formats.solverstate import (
-    SolverStateFile,
-    read_solverstate,
-    snapshot_name,
-    write_solverstate,
-)
+from caffe2jax.runtime.formats import snapshot as record_file
+from caffe2jax.runtime.formats.snapshot import ResumeRecord
+from caffe2jax.runtime.formats.solverstate import SolverStateFile
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import Lanes
 from caffe2jax.runtime.rl.state import PolicyState
 from caffe2jax.runtime.train import solvers
-from caffe2jax.runtime.train.loop import resume_path
 from caffe2jax.runtime.train.step import learnable_order, merge
 
 if TYPE_CHECKING:
     from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer, RunResult
 
-VERSION = 1
 
-
-def _encode(array: Any) -> dict[str, Any]:
-    a = np.array(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": base64.b64encode(a).decode()}
-
-
-def _decode(record: dict[str, Any]) -> np.ndarray:
-    data = base64.b64decode(record["data"])
-    return np.frombuffer(data, np.dtype(record["dtype"])).reshape(record["shape"]).copy()
-
-
-def _record(trainer: PolicyGradientTrainer, result: RunResult) -> dict[str, Any]:
+def resume_record(trainer: PolicyGradientTrainer, result: RunResult) -> ResumeRecord:
+    """The record of ``result`` (module docstring)."""
     ts = result.state
-    return {
-        "caffe2jax_rl_resume": VERSION,
-        "iter": trainer.iterations(ts),
-        "env": trainer.config.env,
-        "seed": trainer.config.seed,
-        "key": _encode(jax.random.key_data(ts.key)),
-        "lanes": {name: _encode(value) for name, value in ts.lanes._asdict().items()},
-        "returns": result.returns,
-        "running": result.running,
-        "steps": result.steps,
-        "seconds": result.seconds,
-    }
+    arrays = {name: np.asarray(value) for name, value in ts.lanes.as_dict().items()}
+    values = {"env": trainer.config.env, "returns": result.returns, "running": result.running,
+              "steps": result.steps, "seconds": result.seconds}  # fmt: skip
+    iteration = trainer.iterations(ts)
+    return ResumeRecord("rl", iteration, trainer.config.seed, {"run": ts.key}, arrays, values)
 
 
 def write_snapshot(
@@ -77,28 +51,23 @@ def write_snapshot(
 ) -> tuple[Path, Path]:
     """Weights, solver state and resume record of ``result`` at its iteration (atomically)."""
     ts = result.state
-    iteration = trainer.iterations(ts)
-    weights = Path(snapshot_name(prefix, iteration, hdf5, "caffemodel"))
-    state_path = Path(snapshot_name(prefix, iteration, hdf5, "solverstate"))
-    weights.parent.mkdir(parents=True, exist_ok=True)
-    trainer.save(weights, ts, "hdf5" if hdf5 else "binary")
     history = solvers.history_blobs(ts.opt_state, learnable_order(trainer.model))
-    inner = solvers.solver_state(ts.opt_state)
-    atomic_write(resume_path(state_path), json.dumps(_record(trainer, result)))
-    write_solverstate(
-        state_path,
-        SolverStateFile(iteration, str(weights), int(inner.current_step), history),
-        hdf5,
-    )
-    return weights, state_path
+    step = int(solvers.solver_state(ts.opt_state).current_step)
+    record = resume_record(trainer, result)
+    return record_file.write_snapshot(
+        prefix, SolverStateFile(record.iteration, "", step, history), hdf5,
+        lambda path, fmt: trainer.save(path, ts, fmt), record,
+    )  # fmt: skip
 
 
-def _weights_of(path: Path, learned_net: str) -> Path:
-    beside = path.parent / Path(learned_net).name
-    weights = beside if beside.exists() else Path(learned_net)
-    if not weights.exists():
-        raise RLError(f"{path}: its weights file '{learned_net}' was not found")
-    return weights
+def _check(trainer: PolicyGradientTrainer, path: Path, record: ResumeRecord) -> None:
+    """The run must be the snapshot's: same environment, same seed."""
+    for name, saved in (("env", record.values["env"]), ("seed", record.seed)):
+        if saved != getattr(trainer.config, name):
+            raise RLError(
+                f"{path}: the snapshot's {name} is {saved!r}, this run's is "
+                f"{getattr(trainer.config, name)!r}"
+            )
 
 
 def read_snapshot(trainer: PolicyGradientTrainer, path: str | Path) -> RunResult:
@@ -109,31 +78,24 @@ def read_snapshot(trainer: PolicyGradientTrainer, path: str | Path) -> RunResult
     path = Path(path)
     if trainer.config.is_gym:
         raise RLError(f"{path}: gym: environments cannot resume exactly (their RNG is not saved)")
-    sidecar = resume_path(path)
+    sidecar = record_file.resume_path(path)
     if not path.exists() or not sidecar.exists():
         raise RLError(f"{path}: a snapshot needs the solverstate and its {sidecar.name}")
-    saved = read_solverstate(path)
-    record = json.loads(sidecar.read_text())
-    if record.get("caffe2jax_rl_resume") != VERSION or record["iter"] != saved.iter:
-        raise RLError(f"{sidecar}: not the RL resume record of iteration {saved.iter}")
-    for name in ("env", "seed"):
-        if record[name] != getattr(trainer.config, name):
-            raise RLError(
-                f"{path}: the snapshot's {name} is {record[name]!r}, this run's is "
-                f"{getattr(trainer.config, name)!r}"
-            )
-    fresh = trainer.init()
-    params, state = load_weights(_weights_of(path, saved.learned_net), trainer.model)
-    order = learnable_order(trainer.model)
+    saved = record_file.read_snapshot(path, "rl", RLError)
+    record, s = saved.record, saved.state
+    if record is None or saved.weights is None:
+        raise RLError(f"{path}: a snapshot needs its weights and its {sidecar.name}")
+    _check(trainer, path, record)
+    params, state = load_weights(saved.weights, trainer.model)
     opt_state = solvers.state_from_history(
-        trainer.solver_param, merge(params, state), saved.history, order, saved.iter,
-        saved.current_step,
+        trainer.solver_param, merge(params, state), s.history, learnable_order(trainer.model),
+        s.iter, s.current_step,
     )  # fmt: skip
-    key = jax.random.wrap_key_data(jnp.asarray(_decode(record["key"])))
-    lanes = Lanes(**{k: jnp.asarray(_decode(v)) for k, v in record["lanes"].items()})
-    if lanes.last.shape != fresh.lanes.last.shape:
+    lanes = Lanes(**{k: jnp.asarray(v) for k, v in record.arrays.items()})
+    if lanes.last.shape != (trainer.config.batch_size, trainer.policy.obs_size):
         raise RLError(f"{sidecar}: lanes {list(lanes.last.shape)} do not fit batch_size")
-    ts = trainer._place(PolicyState(params, state, opt_state, key, lanes))
-    result = RunResult(ts, [float(r) for r in record["returns"]], int(record["steps"]))
-    result.seconds, result.running = float(record["seconds"]), record["running"]
+    ts = trainer.place(PolicyState(params, state, opt_state, record.keys["run"], lanes))
+    result = RunResult(ts, [float(r) for r in record.values["returns"]],
+                       int(record.values["steps"]))  # fmt: skip
+    result.seconds, result.running = float(record.values["seconds"]), record.values["running"]
     return result

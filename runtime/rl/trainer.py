@@ -34,18 +34,11 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.rl import ale_loop, host_loop, rule
 from caffe2jax.runtime.rl import config as rl_config
+from caffe2jax.runtime.rl.driver import EnvDriver
+from caffe2jax.runtime.rl.jax_loop import JaxLoop
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
-from caffe2jax.runtime.rl.rollout import (
-    Carry,
-    Lanes,
-    RolloutOptions,
-    Trajectory,
-    new_lanes,
-    rollout,
-    rollout_continue,
-    rollout_start,
-)
-from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState, episode_metrics
+from caffe2jax.runtime.rl.rollout import Lanes, RolloutOptions, Trajectory, new_lanes
+from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState
 from caffe2jax.runtime.train.setup import read_solver_param, resolve
 from caffe2jax.runtime.train.solvers import solver_iter
 from caffe2jax.runtime.train.step import Trainer, merge
@@ -112,11 +105,9 @@ class PolicyGradientTrainer:
             raise RLError(f"solver: {err}") from None
         self.tx = self.solver.tx
         self.mesh = self._mesh(devices)
-        self.traces = 0
-        self._batch = jax.jit(self._batch_fn)
-        self._learn = jax.jit(self._learn_fn)
+        self.learn = jax.jit(self.learn_fn)
         self._init = jax.jit(self.model.init)  # one compilation, not one per filler op
-        self._start = self._continue = self._learn_metrics = None  # uncapped: built on use
+        self.driver: EnvDriver = self._driver()
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -138,7 +129,16 @@ class PolicyGradientTrainer:
             check_batch("rl_param batch_size", self.config.batch_size, mesh)
         return mesh
 
-    def _place(self, ts: PolicyState) -> PolicyState:
+    def _driver(self) -> EnvDriver:
+        """Who plays the episodes: Gymnasium's host loop, the Atari emulators or the JAX
+        environment's one program (:mod:`.driver`)."""
+        if self.host is not None:
+            return host_loop.HostLoop(self)
+        if self.ale is not None:
+            return ale_loop.AleLoop(self)
+        return JaxLoop(self, self.mesh)
+
+    def place(self, ts: PolicyState) -> PolicyState:
         """``ts`` on the mesh: lanes split along the episode batch, the rest replicated."""
         if self.mesh is None:
             return ts
@@ -151,15 +151,6 @@ class PolicyGradientTrainer:
         lanes = Lanes(jax.device_put(ts.lanes.last, shard),
                       jax.device_put(ts.lanes.has_last, shard), episodes)  # fmt: skip
         return PolicyState(params, state, opt_state, key, lanes)
-
-    def _keep_split(self, lanes: Lanes) -> Lanes:
-        """Inside the program: the lanes stay split over the devices."""
-        if self.mesh is None:
-            return lanes
-        from caffe2jax.runtime.parallel.devices import sharded
-
-        keep = lambda x: jax.lax.with_sharding_constraint(x, sharded(self.mesh))  # noqa: E731
-        return lanes._replace(last=keep(lanes.last), has_last=keep(lanes.has_last))
 
     def _check_env(self) -> None:
         spec = self.policy.spec
@@ -204,12 +195,13 @@ class PolicyGradientTrainer:
         params, state = self._init(k_init)
         opt_state = self.tx.init(merge(params, state))
         lanes = new_lanes(self.config.batch_size, self.policy.obs_size)
-        return self._place(PolicyState(params, state, opt_state, k_run, lanes))
+        return self.place(PolicyState(params, state, opt_state, k_run, lanes))
 
     # -- the jitted pieces --------------------------------------------------------------------
 
-    def _learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
-        """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``."""
+    def learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
+        """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``
+        (drivers call it jitted, as :attr:`learn`, or trace it in their own program)."""
         cfg, spec = self.config, self.policy.spec
         returns = rule.discounted_returns(
             traj.rewards, traj.mask, cfg.gamma, cfg.allow_discount_reset
@@ -228,71 +220,11 @@ class PolicyGradientTrainer:
         params, opt_state, _ = self.solver.update(params, state, opt_state, grads)
         return params, opt_state
 
-    def _batch_fn(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
-        """``batch_size`` episodes in the JAX env, the rule and one update (jitted)."""
-        self.traces += 1
-        key, k_roll = jax.random.split(ts.key)
-
-        def act(x: jax.Array) -> jax.Array:
-            return self.policy.forward(ts.params, ts.state, x)[0]
-
-        traj, lanes = rollout(
-            self.env, self.rollout_options, self.policy.spec.kind, act, k_roll, ts.lanes
-        )
-        params, opt_state = self._learn_fn(ts.params, ts.state, ts.opt_state, traj)
-        metrics = episode_metrics(traj)
-        return PolicyState(params, ts.state, opt_state, key, self._keep_split(lanes)), metrics
-
     # -- driving ------------------------------------------------------------------------------
 
     def train_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
-        """One update from ``batch_size`` new episodes."""
-        if self.host is not None:
-            return host_loop.train_batch(self, ts)
-        if self.ale is not None:
-            return ale_loop.train_batch(self, ts)
-        if self.config.horizon is None:
-            return self._uncapped_batch(ts)
-        return self._batch(ts)
-
-    def _uncapped_batch(self, ts: PolicyState) -> tuple[PolicyState, BatchMetrics]:
-        """No step cap (MyCaffe's gym): the batch runs as bounded rollout programs of
-        ``rollout_chunk`` steps until every lane's episode ended, then one learn program on
-        the whole trajectory (padded to a power-of-two number of segments, so the learn
-        program compiles once per length bucket)."""
-        if self._start is None:
-            self._start = jax.jit(self._start_fn)
-            self._continue = jax.jit(self._continue_fn)
-            self._learn_metrics = jax.jit(self._learn_metrics_fn)
-        key, k_roll = jax.random.split(ts.key)
-        traj, carry = self._start(ts.params, ts.state, k_roll, ts.lanes)
-        parts = [traj]
-        while bool(jnp.any(carry.alive)):
-            key_i = jax.random.fold_in(k_roll, len(parts))
-            traj, carry = self._continue(ts.params, ts.state, carry, key_i)
-            parts.append(traj)
-        bucket = 1 << (len(parts) - 1).bit_length()
-        parts += [jax.tree.map(jnp.zeros_like, parts[0])] * (bucket - len(parts))
-        full = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
-        params, opt_state, metrics = self._learn_metrics(ts.params, ts.state, ts.opt_state, full)
-        return PolicyState(params, ts.state, opt_state, key, carry.lanes), metrics
-
-    def _act(self, params: Params, state: Params) -> Callable[[jax.Array], jax.Array]:
-        return lambda x: self.policy.forward(params, state, x)[0]
-
-    def _start_fn(self, params: Params, state: Params, key: jax.Array, lanes: Lanes) -> tuple:
-        env, opts, kind = self.env, self.rollout_options, self.policy.spec.kind
-        return rollout_start(env, opts, kind, self._act(params, state), key, lanes)
-
-    def _continue_fn(self, params: Params, state: Params, carry: Carry, key: jax.Array) -> tuple:
-        env, opts, kind = self.env, self.rollout_options, self.policy.spec.kind
-        return rollout_continue(env, opts, kind, self._act(params, state), carry, key)
-
-    def _learn_metrics_fn(
-        self, params: Params, state: Params, opt_state: Any, traj: Trajectory
-    ) -> tuple:
-        params, opt_state = self._learn_fn(params, state, opt_state, traj)
-        return params, opt_state, episode_metrics(traj)
+        """One update from ``batch_size`` new episodes (played by :attr:`driver`)."""
+        return self.driver.train_batch(ts)
 
     def run(
         self,

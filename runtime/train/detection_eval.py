@@ -18,8 +18,8 @@ import logging
 import numpy as np
 
 from caffe2jax.frontend.errors import SolverError
+from caffe2jax.runtime.outputs.average_precision import AP_VERSIONS, average_precision
 
-AP_VERSIONS = ("11point", "MaxIntegral", "Integral")
 EVAL_TYPES = ("classification", "detection")
 
 
@@ -33,68 +33,14 @@ def check_eval(param) -> None:
                           f"{', '.join(AP_VERSIONS)})")  # fmt: skip
 
 
-def _cumsum(pairs: list[tuple[float, int]]) -> np.ndarray:
-    """CumSum: the flags cumulated in stable score-descending order."""
-    order = sorted(range(len(pairs)), key=lambda i: -pairs[i][0])
-    return np.cumsum([pairs[i][1] for i in order])
-
-
-def _eleven_point(prec: list, rec: list) -> float:
-    """VOC2007's 11-point AP, transcribing the fork's loop (and its carry-down of maxima)."""
-    f32 = np.float32
-    max_precs = [f32(0)] * 11
-    start = len(prec) - 1
-    for j in range(10, -1, -1):
-        for i in range(start, -1, -1):
-            if rec[i] < j / 10.0:
-                start = i
-                if j > 0:
-                    max_precs[j - 1] = max_precs[j]
-                break
-            max_precs[j] = max(max_precs[j], prec[i])
-    ap = f32(0)
-    for j in range(10, -1, -1):
-        ap = f32(ap + max_precs[j] / f32(11))
-    return float(ap)
-
-
-def _max_integral(prec: list, rec: list) -> float:
-    f32, ap = np.float32, np.float32(0)
-    cur_rec, cur_prec = rec[-1], prec[-1]
-    for i in range(len(prec) - 2, -1, -1):
-        cur_prec = max(prec[i], cur_prec)
-        if abs(cur_rec - rec[i]) > 1e-6:
-            ap = f32(ap + cur_prec * abs(cur_rec - rec[i]))
-        cur_rec = rec[i]
-    return float(f32(ap + cur_rec * cur_prec))
-
-
-def _integral(prec: list, rec: list) -> float:
-    f32, ap, prev = np.float32, np.float32(0), np.float32(0)
-    for p, r in zip(prec, rec):
-        if abs(r - prev) > 1e-6:
-            ap = f32(ap + p * abs(r - prev))
-        prev = r
-    return float(ap)
-
-
 def compute_ap(tp: list[tuple[float, int]], num_pos: int, fp: list[tuple[float, int]],
                ap_version: str) -> float:  # fmt: skip
-    """ComputeAP: the average precision of one class from its (score, tp) and (score, fp)
-    pairs, in float32 as the fork computes it."""
-    if not tp or num_pos == 0:
-        return 0.0
-    tp_sum, fp_sum = _cumsum(tp), _cumsum(fp)
-    f32 = np.float32
-    prec = [f32(f32(t) / f32(t + f)) for t, f in zip(tp_sum, fp_sum)]
-    rec = [f32(f32(t) / f32(num_pos)) for t in tp_sum]
-    if ap_version == "11point":
-        return _eleven_point(prec, rec)
-    if ap_version == "MaxIntegral":
-        return _max_integral(prec, rec)
-    if ap_version == "Integral":
-        return _integral(prec, rec)
-    raise SolverError(f"Unknown ap_version: {ap_version}")
+    """ComputeAP (:func:`caffe2jax.runtime.outputs.average_precision.average_precision`):
+    the average precision of one class from its (score, tp) and (score, fp) pairs."""
+    try:
+        return average_precision(tp, num_pos, fp, ap_version)
+    except ValueError as err:
+        raise SolverError(str(err)) from None
 
 
 class DetectionTally:

@@ -25,19 +25,19 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.runtime.formats.atomic import remove_stale_temps
+from caffe2jax.runtime.formats.snapshot import resume_path
 from caffe2jax.runtime.parallel import data_parallel
 from caffe2jax.runtime.parallel.devices import make_mesh
 from caffe2jax.runtime.train import snapshots, solvers
 from caffe2jax.runtime.train.compiled import CompiledNet, shared_layers
 from caffe2jax.runtime.train.detection_eval import DetectionTally, check_eval
+from caffe2jax.runtime.train.rules import check_solver_type
 from caffe2jax.runtime.train.setup import (
-    SOLVER_RULES,
     long_test_warnings,
     net_sources,
     net_state,
     read_solver_param,
 )
-from caffe2jax.runtime.train.snapshots import resume_path
 from caffe2jax.runtime.train.state import LossWindow, Pass, TrainState, train_step
 from caffe2jax.runtime.train.step import Trainer, merge
 
@@ -60,10 +60,7 @@ class SolverLoop:
         self.mesh = make_mesh(devices) if devices is not None else None
         self.param, self.folder = read_solver_param(source)
         self.log = logger or log
-        if self.param.type not in SOLVER_RULES:
-            raise SolverError(
-                f"unknown solver type '{self.param.type}'; known: {', '.join(SOLVER_RULES)}"
-            )
+        check_solver_type(self.param)
         check_eval(self.param)
         if self.mesh is not None and self.param.eval_type == "detection":
             raise SolverError("eval_type detection is not supported with several devices")
@@ -298,7 +295,8 @@ class SolverLoop:
         iters = self.param.test_iter[index]
         params, state = self.test_params(index)
         if self.mesh is not None:
-            return data_parallel.test_on_mesh(self, index, params, state)
+            return data_parallel.test_on_mesh(self, index, params, state,
+                                              self._test_forward[index])  # fmt: skip
         sums: dict[str, Any] = {}
         loss = 0.0
         blobs = None

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.frontend.errors import SolverError
 from caffe2jax.runtime.train import doublefloat as dfl
 
 LeafRule = Callable[[jax.Array, tuple[jax.Array, ...], jax.Array], tuple[jax.Array, tuple]]
@@ -140,7 +141,6 @@ def check_rule_params(sp: Any) -> None:
     whose first step is otherwise 0/0).
     """
     kind = sp.type
-    _check(kind in SOLVER_RULES, f"type: unknown solver type {kind!r}")
     if kind in ("AdaGrad", "RMSProp"):
         _check(sp.momentum == 0, f"momentum cannot be used with {kind} (got {sp.momentum})")
     else:
@@ -155,8 +155,21 @@ def check_rule_params(sp: Any) -> None:
         _check(kind != "AdaDelta" or delta > 0, f"delta must be > 0 for AdaDelta, got {delta}")
 
 
+def check_solver_type(sp: Any, where: str = "", error: type[Exception] = SolverError) -> None:
+    """Caffe's SolverRegistry lookup: ``sp.type`` must be one of :data:`SOLVER_RULES`;
+    ``error`` (a SolverError unless given: the functional API's :func:`make_rule` raises a
+    ValueError) naming ``where`` (the solver file) and the known types otherwise. The one check
+    of the solver type: the solver setup, the solver loop, pycaffe's ``get_solver`` and
+    :func:`make_rule` call it."""
+    if sp.type not in SOLVER_RULES:
+        prefix = f"{where}: " if where else ""
+        known = ", ".join(SOLVER_RULES)
+        raise error(f"{prefix}unknown solver type '{sp.type}'; known: {known}")
+
+
 def make_rule(sp: Any) -> Rule:
-    """The Rule for ``sp.type`` (validated)."""
+    """The Rule for ``sp.type`` (validated; a ValueError otherwise)."""
+    check_solver_type(sp, error=ValueError)
     check_rule_params(sp)
     return SOLVER_RULES[sp.type](sp)
 
@@ -171,4 +184,3 @@ SOLVER_RULES: dict[str, Any] = {
     "AdaDelta": lambda sp: adadelta(sp.momentum, sp.delta),
     "Adam": lambda sp: adam(sp.momentum, sp.momentum2, sp.delta),
 }
-SOLVER_TYPES = tuple(SOLVER_RULES)

@@ -11,7 +11,6 @@ from caffe2jax.frontend.errors import CaffeError, SolverError
 from caffe2jax.frontend.parse import read_message, read_net
 from caffe2jax.frontend.upgrade import upgrade_solver
 from caffe2jax.runtime.formats.paths import check_snapshot_prefix, short
-from caffe2jax.runtime.train.rules import SOLVER_RULES, SOLVER_TYPES  # noqa: F401
 
 
 def read_solver_param(source: Any) -> tuple[caffe_pb2.SolverParameter, Path]:
@@ -96,12 +95,10 @@ def check_solver(param: caffe_pb2.SolverParameter, name: str) -> None:
     """The solver checks that need no net (type, hyper-parameters, lr policy), as one
     SolverError naming the solver file ``name``: run before any net is built."""
     from caffe2jax.runtime.train.lr_policy import check_policy
-    from caffe2jax.runtime.train.rules import check_rule_params
+    from caffe2jax.runtime.train.rules import check_rule_params, check_solver_type
     from caffe2jax.runtime.train.solvers import check_solver_param
 
-    if param.type not in SOLVER_TYPES:
-        known = ", ".join(SOLVER_TYPES)
-        raise SolverError(f"{name}: unknown solver type '{param.type}'; known: {known}")
+    check_solver_type(param, name)
     for check in (check_solver_param, check_rule_params, check_policy):
         try:
             check(param)

@@ -111,7 +111,7 @@ class Trainer:
         optimizer state, and XLA refuses to donate one buffer twice."""
         return jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
 
-    def _make_passes(self, models: Sequence[Model] | None = None) -> Callable:
+    def make_passes(self, models: Sequence[Model] | None = None) -> Callable:
         """``passes_fn(params, state, passes, rng) -> (grads, state, losses, outputs,
         state_before_last)``: Caffe's iter_size ForwardBackward calls, gradients summed.
         ``models[k]`` runs pass ``k`` (the model for its input shapes; default: the net's)."""
@@ -163,7 +163,7 @@ class Trainer:
         return params, opt_state, jax.tree.map(jnp.negative, updates)
 
     def _make_step(self, models: Sequence[Model] | None = None) -> Callable:
-        passes_fn, iter_size = self._make_passes(models), self.iter_size
+        passes_fn, iter_size = self.make_passes(models), self.iter_size
 
         def step(params, state, opt_state, passes, key, iteration):
             """One Caffe iteration: iter_size ForwardBackward passes, then ApplyUpdate.

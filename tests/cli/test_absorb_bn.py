@@ -1,4 +1,4 @@
-"""`caffe2jax absorb_bn` (caffe2jax/cli/absorb_bn.py, runtime/bn_absorb.py): INFERENCE BNs and
+"""`caffe2jax absorb_bn` (caffe2jax/cli/absorb_bn.py, runtime/tools/bn_absorb.py): INFERENCE BNs and
 test-phase SpatialDropouts folded into the convolutions they read, the absorbed net giving the
 original's output; BNs after a Deconvolution or on a blob read twice left in place."""
 

@@ -1,4 +1,4 @@
-"""`caffe2jax compute_bn_stats` (caffe2jax/cli/compute_bn_stats.py, runtime/bn_stats.py) on a
+"""`caffe2jax compute_bn_stats` (caffe2jax/cli/compute_bn_stats.py, runtime/tools/bn_stats.py) on a
 tiny SegNet-style net against a NumPy transcription of compute_bn_statistics.py's math: the BN
 input's per-batch mean and biased variance over the training list, averaged, the variance
 times m // (m − 1) (Python 2) or m / (m − 1) (--unbias), folded into scale and shift."""

@@ -1,6 +1,6 @@
-"""``caffe2jax convert_annoset`` (caffe2jax/cli/convert_annoset.py, runtime/data/annoset.py):
+"""``caffe2jax convert_annoset`` (caffe2jax/cli/convert_annoset.py, runtime/tools/annoset.py):
 VOC XML and txt annotations into AnnotatedDatum LMDBs, the synthetic set of
-scripts/make_boxes.py, and its errors."""
+examples/detection/synthetic_boxes.py, and its errors."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from caffe2jax import cli
 from caffe2jax.cli import main as cli_main
-from caffe2jax.runtime.data.annoset import convert_annoset, read_txt_boxes
-from caffe2jax.runtime.data.annotated_datum import decode_annotated
-from caffe2jax.runtime.data.db import open_db
-from tests.synthetic_boxes import load_make_boxes
+from caffe2jax.runtime.data.records.annotated_datum import decode_annotated
+from caffe2jax.runtime.data.records.db import open_db
+from caffe2jax.runtime.tools.annoset import convert_annoset, read_txt_boxes
+from examples.detection.synthetic_boxes import make_dataset, make_image
 
 
 def records(db: Path) -> list[tuple[bytes, np.ndarray, object]]:
@@ -33,8 +33,7 @@ def run_cli(monkeypatch):
 
 
 def test_xml_round_trip_of_the_synthetic_set(tmp_path, run_cli, capsys):
-    make_boxes = load_make_boxes()
-    files = make_boxes.make_dataset(tmp_path, train=6, test=2, size=64, lmdb=False)
+    files = make_dataset(tmp_path, train=6, test=2, size=64, lmdb=False)
     db = tmp_path / "db"
     args = ["convert_annoset", f"{tmp_path}/", str(files["train_list"]), str(db),
             "--anno_type=detection", "-label_type=xml", f"--label_map_file={files['labelmap']}",
@@ -46,9 +45,10 @@ def test_xml_round_trip_of_the_synthetic_set(tmp_path, run_cli, capsys):
                                          b"00000001_JPEGImages/train_0001.png"]  # fmt: skip
     rng = np.random.default_rng(7)  # make_dataset's draws, replayed
     for _key, image, boxes in got:
-        pixels, objects = make_boxes.make_image(64, rng)
-        np.testing.assert_array_equal(image, pixels.transpose(2, 0, 1))  # PNG: lossless
-        want = sorted((cls + 1, *(np.array(box) / 64)) for cls, box in objects)
+        pixels, pixel_boxes, labels = make_image(rng, 64)
+        np.testing.assert_array_equal(image, pixels)  # PNG: lossless
+        # VOC's 1-based corners over the image size, as the fork's convert_annoset stores them
+        want = sorted((int(lbl), *((b + 1) / 64)) for lbl, b in zip(labels, pixel_boxes))
         have = sorted((int(lbl), *b) for lbl, b in zip(boxes.labels, boxes.boxes, strict=True))
         np.testing.assert_allclose(np.array(have), np.array(want), atol=1e-6)
         assert not boxes.difficult.any()

@@ -1,8 +1,8 @@
 """Faster R-CNN end-to-end training through the CLI with caffe2jax's built-in py-faster-rcnn
 layers (RoIDataLayer from an AnnotatedDatum LMDB, AnchorTargetLayer, ProposalLayer,
 ProposalTargetLayer) plus ROIPooling and SmoothL1Loss, on a small net of the same layout as
-the VGG16 one (scripts/frcnn_train.py runs that): the loss falls and a resumed run ends with
-the same weights, bit for bit, as an uninterrupted one."""
+the VGG16 one (examples/detection/frcnn_train.py runs that): the loss falls and a resumed
+run ends with the same weights, bit for bit, as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import re
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
-from scripts.frcnn_boxes import make_boxes
-from scripts.frcnn_tiny_net import net_text
+from examples.detection.frcnn_tiny_net import net_text
+from examples.detection.synthetic_boxes import make_boxes
 from tests.cli_runner import run_cli
 
 

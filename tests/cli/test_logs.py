@@ -1,4 +1,4 @@
-"""caffe2jax/cli/logs.py: the terminal check reads the stderr of the moment, and a closed
+"""caffe2jax/logs.py: the terminal check reads the stderr of the moment, and a closed
 stream (a test's captured stderr, a detached pipe) is not a terminal rather than an error."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import sys
 
-from caffe2jax.cli import logs
+from caffe2jax import logs
 
 
 def test_is_terminal_reads_the_current_stderr(monkeypatch):

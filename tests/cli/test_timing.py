@@ -1,4 +1,4 @@
-"""`caffe2jax time` (caffe2jax/cli/timing.py): Caffe's per-layer lines from per-layer programs, the
+"""`caffe2jax time` (runtime/tools/timing.py): Caffe's per-layer lines from per-layer programs, the
 fused whole-net figures, and the CLI's persistent compilation cache (on by default, off by flag
 or environment variable). Timings themselves are measured in benchmarks/, never asserted."""
 
@@ -9,8 +9,8 @@ import re
 import subprocess
 import sys
 
-from caffe2jax.cli.timing import random_inputs, time_net
 from caffe2jax.lowering.model import compile as compile_net
+from caffe2jax.runtime.tools.timing import random_inputs, time_net
 
 NET = """
 name: "tiny"

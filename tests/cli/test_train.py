@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from caffe2jax.runtime.data.datum import array_to_datum
-from caffe2jax.runtime.data.db import Writer
+from caffe2jax.runtime.data.records.datum import array_to_datum
+from caffe2jax.runtime.data.records.db import Writer
 from tests.cli_runner import run_cli
 from tests.golden import GOLDEN, ROOT, require
 

@@ -1,12 +1,12 @@
 """CRNN's train net (../shared/forks/models/crnn_train.prototxt, read in place: CtcLoss,
 LabelsequenceAccuracy, ContinuationIndicator, LSTM, Permute) trained by ``caffe2jax train`` on
-scripts/make_textlines.py's synthetic digit lines (HDF5Data, as the fork's net reads): the CTC
+examples/crnn/make_textlines.py's synthetic digit lines (HDF5Data, as the fork's net reads): the CTC
 loss falls, the sequence accuracy rises, and a run resumed from its half-way snapshot ends
 byte-identical to the uninterrupted one. Small on purpose (the 1/4-width net, 16-line batches,
 240 iterations: about 30 s of it is XLA compiling the train step, the resumed run loads it from
 the compilation cache); the fixed seeds make the run deterministic, so the thresholds below
-hold with the margins noted. scripts/make_textlines.py's defaults train to 94.9 % test accuracy
-in 2000 iterations."""
+hold with the margins noted. examples/crnn/make_textlines.py's defaults train to 94.9 % test
+accuracy in 2000 iterations."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _log(stderr: str, name: str) -> list[tuple[int, float]]:
 
 def test_crnn_learns_digit_lines_and_resumes_exactly(tmp_path):
     made = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_textlines.py"), str(tmp_path),
+        [sys.executable, str(ROOT / "examples" / "crnn" / "make_textlines.py"), str(tmp_path),
          "--train", "1024", "--batch", str(BATCH), "--iters", str(ITERS), "--lr", "0.002",
          "--test-interval", "0", "--display", "25", "--snapshot", str(SNAPSHOT)],
         capture_output=True, text=True, timeout=120,

@@ -1,8 +1,8 @@
 """py-R-FCN's ResNet-50 OHEM train prototxt (../shared/forks/models, read in place and rewritten
-only in data paths and sizes by scripts/rfcn_train.py) trains through the CLI with the built-in
-R-FCN layers — RoIData, AnchorTargetLayer, py-R-FCN's ProposalLayer and ProposalTargetLayer,
-PSROIPooling, SoftmaxWithLossOHEM, SmoothL1LossOHEM, BoxAnnotatorOHEM: the loss falls and a
-resumed run ends with the same weights, bit for bit, as an uninterrupted one."""
+only in data paths and sizes by examples/detection/rfcn_train.py) trains through the CLI with the
+built-in R-FCN layers — RoIData, AnchorTargetLayer, py-R-FCN's ProposalLayer and
+ProposalTargetLayer, PSROIPooling, SoftmaxWithLossOHEM, SmoothL1LossOHEM, BoxAnnotatorOHEM: the
+loss falls and a resumed run ends with the same weights, bit for bit, as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from scripts.rfcn_train import prepare
+from examples.detection.rfcn_train import prepare
 from tests.cli.test_frcnn_train import _losses, _weights
 from tests.cli_runner import run_cli
 

@@ -75,7 +75,7 @@ def _read(rng: random.Random, prototxt: str, work: Path, layer_param=None) -> No
 
 
 def _datums(rng: random.Random) -> list[bytes]:
-    from caffe2jax.runtime.data.datum import array_to_datum, encoded_datum
+    from caffe2jax.runtime.data.records.datum import array_to_datum, encoded_datum
 
     out = []
     for i in range(rng.choice([1, 2, 5])):
@@ -92,7 +92,7 @@ def _datums(rng: random.Random) -> list[bytes]:
 
 
 def _db_case(rng: random.Random, work: Path, backend: str) -> None:
-    from caffe2jax.runtime.data.db import Writer
+    from caffe2jax.runtime.data.records.db import Writer
 
     db = work / f"db_{backend}"
     shutil.rmtree(db, ignore_errors=True)

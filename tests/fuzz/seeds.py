@@ -124,8 +124,8 @@ class Seeds:
 
 
 def _lmdb(db: Path) -> None:
-    from caffe2jax.runtime.data.datum import array_to_datum
-    from caffe2jax.runtime.data.db import Writer
+    from caffe2jax.runtime.data.records.datum import array_to_datum
+    from caffe2jax.runtime.data.records.db import Writer
 
     if db.exists():
         return

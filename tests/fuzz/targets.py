@@ -30,7 +30,7 @@ def net_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     from caffe2jax.cli.summary import summary_lines
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
-    from caffe2jax.runtime.parallel.memory import check_net_fits
+    from caffe2jax.runtime.host.memory import check_net_fits
 
     text = mutate_text(rng, rng.choice(seeds.nets), seeds.nets)
     path = work / "net.prototxt"
@@ -162,7 +162,7 @@ def solverstate_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
 
 def binaryproto_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """A mean file (transform_param.mean_file) as Caffe reads it."""
-    from caffe2jax.runtime.data.datum import read_blobproto
+    from caffe2jax.runtime.data.records.datum import read_blobproto
 
     path = work / "mean.binaryproto"
     path.write_bytes(mutate_bytes(rng, seeds.binaryproto))
@@ -173,8 +173,8 @@ def lmdb_case(seeds: Seeds, rng: random.Random, work: Path) -> None:
     """A damaged LMDB copy read record by record as a Data layer reads it: truncated, or with
     bytes changed in its meta pages or in its records (page structure left alone: LMDB trusts
     its own page pointers, as Caffe does)."""
-    from caffe2jax.runtime.data.datum import datum_to_array, parse_datum
-    from caffe2jax.runtime.data.db import Cursor, open_db
+    from caffe2jax.runtime.data.records.datum import datum_to_array, parse_datum
+    from caffe2jax.runtime.data.records.db import Cursor, open_db
 
     db = work / "db"
     shutil.rmtree(db, ignore_errors=True)

@@ -58,7 +58,7 @@ def test_padded_ave_pooling_shapes_need_no_host_memory():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
         import caffe2jax
         from caffe2jax.frontend.errors import NetError
-        from caffe2jax.runtime.parallel.memory import check_net_fits
+        from caffe2jax.runtime.host.memory import check_net_fits
         model = caffe2jax.compile({HUGE_POOL!r})
         print(model.net.shapes[model.net.blob_names["p"]])
         try:

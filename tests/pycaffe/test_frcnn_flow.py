@@ -15,8 +15,8 @@ import pytest
 
 import caffe2jax as caffe
 from caffe2jax.frontend import caffe_pb2
-from scripts.frcnn_boxes import make_image
-from scripts.frcnn_tiny_net import net_text
+from examples.detection.frcnn_tiny_net import net_text
+from examples.detection.synthetic_boxes import make_image
 
 USER = Path(__file__).parent / "frcnn_user"
 STDS = np.array([0.1, 0.1, 0.2, 0.2])

@@ -8,8 +8,8 @@ import numpy as np
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime.data.datum import array_to_datum
-from caffe2jax.runtime.data.db import Writer
+from caffe2jax.runtime.data.records.datum import array_to_datum
+from caffe2jax.runtime.data.records.db import Writer
 
 
 def layer(text: str) -> caffe_pb2.LayerParameter:

@@ -1,5 +1,5 @@
-"""SSD's AnnotatedData layer (runtime/data/annotated_data.py): shapes and the fixed label top
-(real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
+"""SSD's AnnotatedData layer (runtime/data/readers/annotated_data.py): shapes and the fixed label
+top (real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
 worker threads and on resume, and one-line errors."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_data import max_rows
-from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum, decode_annotated
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.datum import array_to_datum
-from caffe2jax.runtime.data.db import Writer, open_db
 from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.readers.annotated_data import max_rows
+from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum, decode_annotated
+from caffe2jax.runtime.data.records.datum import array_to_datum
+from caffe2jax.runtime.data.records.db import Writer, open_db
 from caffe2jax.runtime.data.sources import make_source
-from tests.synthetic_boxes import load_make_boxes
+from examples.detection.synthetic_boxes import make_dataset
 
 from .helpers import layer
 
@@ -52,7 +52,7 @@ def read_all(path) -> list[tuple[np.ndarray, Boxes]]:
 @pytest.fixture(scope="module")
 def boxes_set(tmp_path_factory):
     out = tmp_path_factory.mktemp("boxes")
-    return load_make_boxes().make_dataset(out, train=10, test=3, size=64)
+    return make_dataset(out, train=10, test=3, size=64)
 
 
 def test_ssd_recipe_shapes_and_label_rows(boxes_set):

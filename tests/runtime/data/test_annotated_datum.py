@@ -1,4 +1,4 @@
-"""AnnotatedDatum records and LabelMap files (runtime/data/annotated_datum.py)."""
+"""AnnotatedDatum records and LabelMap files (runtime/data/records/annotated_datum.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import (
+from caffe2jax.runtime.data.records.annotated_datum import (
     Boxes,
     annotated_datum,
     boxes_of,
@@ -17,7 +17,7 @@ from caffe2jax.runtime.data.annotated_datum import (
     parse_annotated_datum,
     read_label_map,
 )
-from caffe2jax.runtime.data.datum import array_to_datum
+from caffe2jax.runtime.data.records.datum import array_to_datum
 
 
 def test_round_trip_groups_labels_and_instance_ids_as_the_fork():

@@ -1,4 +1,4 @@
-"""SSD's AnnotatedData transform (runtime/data/annotated_transform.py): boxes stay on their
+"""SSD's AnnotatedData transform (runtime/data/transform/annotated.py): boxes stay on their
 pixels through expand, crop, resize and mirror; emit_constraint CENTER keeps exactly the
 boxes whose centre lies in the crop; resize modes' shapes; one-line errors."""
 
@@ -10,8 +10,8 @@ from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.annotated_datum import Boxes
-from caffe2jax.runtime.data.annotated_transform import AnnotatedTransformer, Recipe
+from caffe2jax.runtime.data.records.annotated_datum import Boxes
+from caffe2jax.runtime.data.transform.annotated import AnnotatedTransformer, Recipe
 
 from .helpers import transform_param
 
@@ -102,7 +102,7 @@ def test_sampled_crops_with_emit_center_keep_exactly_the_centred_boxes():
 
 
 def _crop(rng, t):
-    from caffe2jax.runtime.data.bbox_geometry import sample_box
+    from caffe2jax.runtime.data.transform.bbox_geometry import sample_box
 
     return sample_box(t.samplers[0].sampler, rng)
 

@@ -1,5 +1,5 @@
-"""SSD's box geometry (runtime/data/bbox_geometry.py): overlaps against hand-worked cases, and
-the batch samplers' constraints over many draws."""
+"""SSD's box geometry (runtime/data/transform/bbox_geometry.py): overlaps against hand-worked
+cases, and the batch samplers' constraints over many draws."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime.data.bbox_geometry import (
+from caffe2jax.runtime.data.transform.bbox_geometry import (
     batch_samples,
     coverage,
     covered_by,

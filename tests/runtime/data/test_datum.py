@@ -10,7 +10,7 @@ from PIL import Image
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import (
+from caffe2jax.runtime.data.records.datum import (
     array_to_blobproto,
     array_to_datum,
     datum_to_array,
@@ -19,8 +19,8 @@ from caffe2jax.runtime.data.datum import (
     read_blobproto,
     write_blobproto,
 )
-from caffe2jax.runtime.data.db import Writer, open_db
-from caffe2jax.runtime.data.image import decode_image, encode_image, resize_bilinear
+from caffe2jax.runtime.data.records.db import Writer, open_db
+from caffe2jax.runtime.data.transform.image import decode_image, encode_image, resize_bilinear
 
 RNG = np.random.default_rng(7)
 

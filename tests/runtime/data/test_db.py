@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data import db as dbmod
-from caffe2jax.runtime.data.db import Cursor, Writer, backend_name, open_db
+from caffe2jax.runtime.data.records import db as dbmod
+from caffe2jax.runtime.data.records.db import Cursor, Writer, backend_name, open_db
 
 from .helpers import numbered_items, write_db
 

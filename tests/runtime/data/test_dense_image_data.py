@@ -1,4 +1,4 @@
-"""SegNet/ENet's DenseImageData (runtime/data/dense_image_data.py): shapes, values against a
+"""SegNet/ENet's DenseImageData (runtime/data/readers/dense_image_data.py): shapes, values against a
 hand computation (mean, scale, the same crop and mirror for image and label), nearest-neighbour
 label resizing, ENet's label_divide_factor, determinism with worker threads and on resume,
 and one-line errors."""
@@ -11,10 +11,10 @@ from PIL import Image
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.image import nearest_taps
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.transform.image import nearest_taps
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 
 from .helpers import layer
 

@@ -6,10 +6,10 @@ import numpy as np
 from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.runtime.data.datum import datum_to_array, parse_datum, read_blobproto
-from caffe2jax.runtime.data.db import open_db
+from caffe2jax.runtime.data.records.datum import datum_to_array, parse_datum, read_blobproto
+from caffe2jax.runtime.data.records.db import open_db
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.tools import compute_image_mean
+from caffe2jax.runtime.tools.imageset import compute_image_mean
 from tests.golden import ROOT
 
 DIGITS = ROOT / "examples" / "digits"

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.hdf5 import make_sink
+from caffe2jax.runtime.data.readers.hdf5_data import make_sink
 from caffe2jax.runtime.data.sources import make_source
 from tests.golden import GOLDEN, TEST_DATA, load_npz, require
 

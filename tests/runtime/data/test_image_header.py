@@ -1,6 +1,7 @@
-"""Image sizes read from headers and checked before decoding (runtime/data/image_header.py):
-a header claiming 100000×100000 pixels is refused with one line naming the record or file,
-by both decoders, through the Data and ImageData layers and the CLI."""
+"""Image sizes read from headers and checked before decoding
+(runtime/data/transform/image_header.py): a header claiming 100000×100000 pixels is refused with
+one line naming the record or file, by both decoders, through the Data and ImageData layers and the
+CLI."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data import image
-from caffe2jax.runtime.data.datum import encoded_datum
-from caffe2jax.runtime.data.db import Writer
-from caffe2jax.runtime.data.image import decode_image, encode_image
-from caffe2jax.runtime.data.image_header import header_size, max_image_pixels
+from caffe2jax.runtime.data.records.datum import encoded_datum
+from caffe2jax.runtime.data.records.db import Writer
 from caffe2jax.runtime.data.sources import make_source
+from caffe2jax.runtime.data.transform import image
+from caffe2jax.runtime.data.transform.image import decode_image, encode_image
+from caffe2jax.runtime.data.transform.image_header import header_size, max_image_pixels
 
 from .helpers import layer
 

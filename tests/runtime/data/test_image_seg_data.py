@@ -1,4 +1,4 @@
-"""DeepLab's ImageSegData (runtime/data/image_seg_data.py): shapes, values against a hand
+"""DeepLab's ImageSegData (runtime/data/readers/image_seg_data.py): shapes, values against a hand
 computation (mean, scale, the same crop and mirror for image and label, padding with the mean
 and with ignore_label), label_type PIXEL/IMAGE/NONE, v2's data_dim top and scale_factors,
 DeepLab v1's form, determinism with worker threads and on resume, and one-line errors."""
@@ -10,10 +10,10 @@ import pytest
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.image import resize, resize_nearest
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.transform.image import resize, resize_nearest
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 
 from .helpers import layer
 from .test_dense_image_data import write_pairs

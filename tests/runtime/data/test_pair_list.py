@@ -1,4 +1,4 @@
-"""The forks' pair lists (runtime/data/pair_list.py): parsing, the list walk shared by
+"""The forks' pair lists (runtime/data/readers/pair_list.py): parsing, the list walk shared by
 DenseImageData, ImageSegData and VideoData (shuffle at each wrap-around, rand_skip) and
 skipping batches undecoded (other processes' batches) to the exact state reading them leaves."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.pair_list import Pair, parse_pair_list
+from caffe2jax.runtime.data.readers.pair_list import Pair, parse_pair_list
 from caffe2jax.runtime.data.sources import make_source
 
 from .test_dense_image_data import dense, write_pairs

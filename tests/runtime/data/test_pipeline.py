@@ -16,12 +16,12 @@ import pytest
 from PIL import Image
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import encoded_datum
-from caffe2jax.runtime.data.db import Writer
-from caffe2jax.runtime.data.image import encode_image
 from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.records.datum import encoded_datum
+from caffe2jax.runtime.data.records.db import Writer
 from caffe2jax.runtime.data.shards import period_plan
 from caffe2jax.runtime.data.sources import make_source, plain
+from caffe2jax.runtime.data.transform.image import encode_image
 from tests.cli_runner import run_cli
 
 from .helpers import layer

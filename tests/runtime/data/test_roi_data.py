@@ -1,5 +1,6 @@
-"""The built-in py-faster-rcnn RoIDataLayer (runtime/data/roi_data.py) over an AnnotatedDatum
-LMDB from scripts/frcnn_boxes.py: tops, scaling, box conversion, flips, padding, resume."""
+"""The built-in py-faster-rcnn RoIDataLayer (runtime/data/readers/roi_data.py) over an
+AnnotatedDatum LMDB from examples/detection/synthetic_boxes.py: tops, scaling, box conversion,
+flips, padding, resume."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import pytest
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.roi_data import PIXEL_MEANS, RoIDataSource, im_scale, pixel_boxes
-from scripts.frcnn_boxes import make_boxes
+from caffe2jax.runtime.data.readers.roi_data import (
+    PIXEL_MEANS,
+    RoIDataSource,
+    im_scale,
+    pixel_boxes,
+)
+from examples.detection.synthetic_boxes import make_boxes
 
 
 def _layer(source, **extra) -> caffe_pb2.LayerParameter:
@@ -97,9 +103,9 @@ def _mixed_db(path, encode: bool):
     (h × w) one with box [0.5, 0.5, 1, 1] (label 2); JPEG-encoded or raw."""
     import cv2
 
-    from caffe2jax.runtime.data.annotated_datum import Boxes, annotated_datum
-    from caffe2jax.runtime.data.datum import array_to_datum
-    from caffe2jax.runtime.data.db import Writer
+    from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum
+    from caffe2jax.runtime.data.records.datum import array_to_datum
+    from caffe2jax.runtime.data.records.db import Writer
 
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (3, 64, 64), np.uint8), rng.integers(0, 255, (3, 48, 96),

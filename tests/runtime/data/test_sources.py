@@ -9,10 +9,10 @@ from PIL import Image
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import array_to_datum, encoded_datum
-from caffe2jax.runtime.data.db import Writer
-from caffe2jax.runtime.data.image import encode_image
+from caffe2jax.runtime.data.records.datum import array_to_datum, encoded_datum
+from caffe2jax.runtime.data.records.db import Writer
 from caffe2jax.runtime.data.sources import make_source
+from caffe2jax.runtime.data.transform.image import encode_image
 
 from .helpers import data_layer, layer, numbered_items, write_db
 

@@ -10,9 +10,9 @@ from PIL import Image
 
 from caffe2jax.cli import main as cli
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import datum_to_array, parse_datum, read_blobproto
-from caffe2jax.runtime.data.db import open_db
-from caffe2jax.runtime.data.tools import compute_image_mean, convert_imageset
+from caffe2jax.runtime.data.records.datum import datum_to_array, parse_datum, read_blobproto
+from caffe2jax.runtime.data.records.db import open_db
+from caffe2jax.runtime.tools.imageset import compute_image_mean, convert_imageset
 
 RNG = np.random.default_rng(11)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import write_blobproto
-from caffe2jax.runtime.data.transform import DataTransformer, Draws
+from caffe2jax.runtime.data.records.datum import write_blobproto
+from caffe2jax.runtime.data.transform.transformer import DataTransformer, Draws
 
 from .helpers import transform_param
 

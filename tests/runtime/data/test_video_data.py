@@ -1,4 +1,4 @@
-"""C3D's VideoData (runtime/data/video_data.py) over folders of %06d.jpg frames: clip shapes
+"""C3D's VideoData (runtime/data/readers/video_data.py) over folders of %06d.jpg frames: clip shapes
 (N, 3, L, H, W), values against a hand computation (one crop and mirror for every frame of a
 clip, 5-D mean file at the source position, mean_value, scale), sampling rate, temporal
 jitter, multiple labels, C3D v1.0's form (its 5-D BlobProto mean file, Rand(H − crop)),
@@ -13,11 +13,11 @@ from PIL import Image
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
-from caffe2jax.runtime.data.datum import write_blobproto
-from caffe2jax.runtime.data.image import read_image
 from caffe2jax.runtime.data.prefetch import Prefetcher
+from caffe2jax.runtime.data.records.datum import write_blobproto
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform import uniform_ints
+from caffe2jax.runtime.data.transform.image import read_image
+from caffe2jax.runtime.data.transform.transformer import uniform_ints
 from tests.forks import FORK_MODELS, c3d_blob
 
 from .helpers import layer

@@ -1,4 +1,4 @@
-"""A database changed under a running ``train`` (runtime/data/watch.py): deleted, replaced,
+"""A database changed under a running ``train`` (runtime/data/records/watch.py): deleted, replaced,
 truncated to half or made unreadable while the solver reads it. Each is told in one DataError
 line within one epoch (of 16 batches; the prefetch queue holds 4), and a snapshot asked for
 after the change is refused: no snapshot names a position in a database that is no longer the
@@ -20,7 +20,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.db import open_db
+from caffe2jax.runtime.data.records.db import open_db
 from tests.runtime.data.helpers import write_db
 
 RECORDS, BATCH = 64, 4  # an epoch is 16 batches

@@ -1,4 +1,4 @@
-"""Caffe's WindowData layer (runtime/data/window_data.py): the window file, the foreground /
+"""Caffe's WindowData layer (runtime/data/readers/window_data.py): the window file, the foreground /
 background split and batch layout, the warp with context padding (hand-computed from
 window_data_layer.cpp's arithmetic), mirror, means and scale, and its errors."""
 
@@ -9,10 +9,10 @@ import pytest
 from PIL import Image
 
 from caffe2jax.frontend.errors import DataError
-from caffe2jax.runtime.data.datum import write_blobproto
-from caffe2jax.runtime.data.image import resize
+from caffe2jax.runtime.data.readers.window_data import parse_window_file
+from caffe2jax.runtime.data.records.datum import write_blobproto
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.window_data import parse_window_file
+from caffe2jax.runtime.data.transform.image import resize
 
 from .helpers import layer
 

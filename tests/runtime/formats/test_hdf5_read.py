@@ -12,7 +12,7 @@ import pytest
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError, WeightsError
 from caffe2jax.lowering.model import compile as compile_net
-from caffe2jax.runtime.data.hdf5 import load_hdf5_tops
+from caffe2jax.runtime.data.readers.hdf5_data import load_hdf5_tops
 from caffe2jax.runtime.formats.convert import convert_weights
 from caffe2jax.runtime.formats.solverstate import read_solverstate
 from caffe2jax.runtime.formats.weights import load_weights

@@ -24,7 +24,7 @@ from PIL import Image
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.runtime.data import Prefetcher, make_source
-from caffe2jax.runtime.data.feeding import MemoryData
+from caffe2jax.runtime.data.readers.memory_data import MemoryData
 from caffe2jax.runtime.data.shards import period_plan
 from caffe2jax.runtime.data.sources import plain
 from caffe2jax.runtime.parallel import data_parallel

@@ -86,7 +86,7 @@ def test_stored_inputs_are_the_differences_of_the_preprocessed_screens(trainer):
         if group == 0 and episode[0] == 0:
             screens.append(np.array(obs[0]))
 
-    played = ale_loop.play(trainer, ts.params, ts.state, jax.random.key(0), 0, 3, on_screen=keep)
+    played = trainer.driver.play(ts.params, ts.state, jax.random.key(0), 0, 3, on_screen=keep)
     stored = np.stack(played.x[0])
     x = np.asarray(pixels.unpack_difference(jnp.asarray(stored), 6400))
     frames = np.asarray(pixels.binarise(jnp.asarray(pixels.crop(np.stack(screens)))))
@@ -98,7 +98,7 @@ def test_stored_inputs_are_the_differences_of_the_preprocessed_screens(trainer):
 
 def test_the_update_from_packed_inputs_equals_the_float_one(trainer):
     ts = trainer.init()
-    played = ale_loop.play(trainer, ts.params, ts.state, jax.random.key(1), 0, 3)
+    played = trainer.driver.play(ts.params, ts.state, jax.random.key(1), 0, 3)
     packed = ale_loop.trajectory(played, 1)
     floats = packed._replace(x=pixels.unpack_difference(packed.x, 6400))
     returns = rule.discounted_returns(packed.rewards, packed.mask, 0.99, True)

@@ -128,7 +128,7 @@ def test_exploration_in_the_trainer_follows_the_episode_count():
         lanes = ts.lanes
         assert int(lanes.episodes) == 4 * batch
         _, k_roll = jax.random.split(ts.key)
-        act = t._act(ts.params, ts.state)
+        act = t.driver.policy_fn(ts.params, ts.state)
         traj, _ = rollout(t.env, t.rollout_options, t.policy.spec.kind, act, k_roll, lanes)
         probs, mask = np.asarray(traj.probs), np.asarray(traj.mask) > 0
         expected = np.asarray(rule.epsilon(jnp.arange(4 * batch, 4 * batch + 4), 8, 1.0, 0.0))

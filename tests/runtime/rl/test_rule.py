@@ -181,7 +181,7 @@ def _check_update(trainer: PolicyGradientTrainer, kind: str, wiring: str, by_len
         diff = np_episode_diff(kind, p, xe, ae, re, wiring, by_length)
         for k, g in np_backward(p, xe, diff).items():
             expected[k] += g
-    new_params, _ = trainer._learn(ts.params, ts.state, ts.opt_state, traj)
+    new_params, _ = trainer.learn(ts.params, ts.state, ts.opt_state, traj)
     got = _np_params(new_params)
     for k in p:  # SGD, lr 1, no momentum: w_new = w − diff
         np.testing.assert_allclose(p[k] - got[k], expected[k], rtol=2e-5, atol=2e-6, err_msg=k)

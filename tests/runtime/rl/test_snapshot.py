@@ -4,7 +4,6 @@ exactly too; mismatched or unsupported resumes are refused."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -20,9 +19,11 @@ try:
 except ImportError as err:  # the [dev] and [atari] extras install it: missing is a failure
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
+from caffe2jax.runtime.formats.snapshot import parse_record, resume_path
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.snapshot import read_snapshot, write_snapshot
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
+from tests.runtime.formats.test_snapshot import v1_rl_text
 from tests.runtime.rl.test_rule import net_text, solver_text
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rl"
@@ -50,8 +51,8 @@ def _cli(solver: Path, prefix: Path, *extra: str) -> list[str]:
 
 def _final(prefix: Path, iteration: int) -> tuple[list[float], bytes]:
     state = Path(f"{prefix}_iter_{iteration}.solverstate")
-    record = json.loads(Path(f"{state}.resume.json").read_text())
-    return record["returns"], Path(f"{prefix}_iter_{iteration}.caffemodel").read_bytes()
+    record = parse_record(Path(f"{state}.resume.json").read_text())
+    return record.values["returns"], Path(f"{prefix}_iter_{iteration}.caffemodel").read_bytes()
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, limit: float = 300) -> None:
@@ -95,8 +96,8 @@ def test_ctrl_c_snapshots_stops_and_resumes(tmp_path):
     written = sorted(prefix.parent.glob("p_iter_*.solverstate"))
     assert len(written) == 1
     n = int(written[0].name.split("_")[2].split(".")[0])
-    record = json.loads(Path(f"{written[0]}.resume.json").read_text())
-    assert len(record["returns"]) == 2 * n and record["running"] is not None
+    record = parse_record(Path(f"{written[0]}.resume.json").read_text())
+    assert len(record.values["returns"]) == 2 * n and record.values["running"] is not None
     resumed = subprocess.run(_cli(solver, prefix, "--snapshot", str(written[0])),
                              capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
@@ -109,13 +110,18 @@ def _arrays(ts) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_cartpole_resumes_exactly(tmp_path):
-    """MyCaffe's Cart-Pole: the lanes' difference memory crosses batches, so it must too."""
+@pytest.mark.parametrize("version", [2, 1])
+def test_cartpole_resumes_exactly(tmp_path, version):
+    """MyCaffe's Cart-Pole: the lanes' difference memory crosses batches, so it must too;
+    a record in the schema written before the snapshot record was shared (version 1) too."""
     solver = solver_text(net_text(), 'env: "cartpole-mycaffe" batch_size: 3 max_steps: 80')
     t = PolicyGradientTrainer(solver, seed=2)
     whole = t.run(episodes=12)
     part = t.run(episodes=6)
     write_snapshot(t, part, str(tmp_path / "c"))
+    if version == 1:
+        sidecar = resume_path(tmp_path / "c_iter_2.solverstate")
+        sidecar.write_text(v1_rl_text(parse_record(sidecar.read_text())))
     resumed = read_snapshot(t, tmp_path / "c_iter_2.solverstate")
     assert resumed.returns == part.returns and resumed.running == part.running
     assert np.asarray(resumed.state.lanes.has_last).all()  # the memory crossed the snapshot

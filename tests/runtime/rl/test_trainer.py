@@ -47,7 +47,7 @@ def _returns(trainer: PolicyGradientTrainer, batches: int, seed: int | None = No
 
 def test_compiles_once_and_counts_real_steps(trainer):
     ts = trainer.init()
-    before = trainer.traces
+    before = trainer.driver.traces
     total = 0
     for _ in range(3):
         ts, metrics = trainer.train_batch(ts)
@@ -56,7 +56,7 @@ def test_compiles_once_and_counts_real_steps(trainer):
         np.testing.assert_array_equal(np.asarray(metrics.returns), lengths)
         assert int(metrics.steps) == lengths.sum() and np.all(lengths >= 1)
         total += int(metrics.steps)
-    assert trainer.traces - before <= 1 and trainer.traces == 1
+    assert trainer.driver.traces - before <= 1 and trainer.driver.traces == 1
     assert trainer.iterations(ts) == 3  # one solver update per batch
     assert total < 3 * 4 * trainer.config.horizon
 

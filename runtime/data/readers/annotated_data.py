@@ -1,0 +1,162 @@
+"""SSD's ``AnnotatedData`` layer (weiliu89/caffe layers/annotated_data_layer.cpp): images and
+their boxes from an LMDB/LevelDB of AnnotatedDatum records (:mod:`.annotated_datum`), read in
+key order with wrap-around as the ``Data`` layer reads Datums, each item transformed with its
+boxes by :mod:`.annotated_transform` (distort, expand, batch samplers, resize, crop, mirror,
+mean and scale, in the fork's order).
+
+Tops: ``data`` (N, C, H, W) and ``label`` (1, 1, G, 8), one row per box of the batch,
+``[item_id, group_label, instance_id, xmin, ymin, xmax, ymax, difficult]``, items in order and
+each item's boxes in its record's order, as the fork writes them. **Static shapes**: the fork
+sizes the label top per batch (the boxes that survived); a compiled step needs one shape, so
+G is fixed when the layer is set up and the rows after the real ones are padding, every value
+-1 (``item_id`` -1: no box; a batch without any box is all padding, where the fork writes one
+such row). G is the most boxes any batch can hold: the sum of the ``batch_size`` largest box
+counts of the database's records (each counted as often as a batch can repeat it when the
+database holds fewer records than a batch). Transforms only ever drop boxes, so no batch
+overflows G; it is scanned once (box counts only) when the layer opens.
+
+With one top, or a database whose records have no annotation type, the fork's label is the
+Datum's; caffe2jax requires the label top and BBOX records. ``annotated_data_param.anno_type``
+overrides the records' type, as in the fork; ``label_map_file`` is not read by the layer (the
+fork only keeps its name).
+
+Random choices (beyond the fork, whose draws follow one RNG stream): each item's come from a
+generator seeded with the reader's key and the item's position in the stream, so the
+pipeline's worker threads and a resumed run (the reader's state: records read, position,
+key) give the same batches byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from caffe2jax.frontend import caffe_pb2
+from caffe2jax.frontend.errors import DataError
+from caffe2jax.runtime.data.base import Planned, check_phase, check_tops
+from caffe2jax.runtime.data.readers import reader
+from caffe2jax.runtime.data.readers.data_layer import DataLayerSource
+from caffe2jax.runtime.data.records.annotated_datum import (
+    ROW,
+    Boxes,
+    boxes_of,
+    parse_annotated_datum,
+)
+from caffe2jax.runtime.data.records.datum import datum_to_array
+from caffe2jax.runtime.data.records.db import Cursor
+from caffe2jax.runtime.data.transform.annotated import AnnotatedTransformer
+from caffe2jax.runtime.data.transform.image_header import header_size
+
+BBOX = caffe_pb2.AnnotatedDatum.BBOX
+
+
+def max_rows(counts: list[int], batch_size: int) -> int:
+    """The most boxes a batch of ``batch_size`` consecutive records (with wrap-around) can
+    hold: the largest counts, each used as often as a batch can repeat its record."""
+    if not counts:
+        return 1
+    repeats = -(-batch_size // len(counts))
+    ordered = sorted(counts, reverse=True)
+    return max(1, sum(sorted(ordered * repeats, reverse=True)[:batch_size]))
+
+
+@reader("AnnotatedData")
+class AnnotatedDataSource(DataLayerSource):
+    """SSD's ``AnnotatedData`` layer (see the module doc)."""
+
+    def __init__(
+        self,
+        layer: caffe_pb2.LayerParameter,
+        phase: str,
+        *,
+        base_dir: Path | None = None,
+        seed: int | None = None,
+    ) -> None:
+        check_tops(layer, (2,))
+        param = layer.annotated_data_param
+        self.anno_type = int(param.anno_type) if param.HasField("anno_type") else None
+        if self.anno_type not in (None, BBOX):
+            raise DataError(f"layer {layer.name!r} (AnnotatedData): anno_type {param.anno_type} "
+                            "is not supported (BBOX)")  # fmt: skip
+        self.anno = AnnotatedTransformer(layer.transform_param, check_phase(phase),
+                                         list(param.batch_sampler),
+                                         f"layer {layer.name!r} (AnnotatedData)")  # fmt: skip
+        super().__init__(layer, phase, base_dir=base_dir, seed=seed)
+
+    def _setup(self, param: caffe_pb2.DataParameter, phase: str, rng: np.random.Generator) -> None:
+        """The data shape from the first record, G from every record's box count."""
+        first = next(self.db.items(), None)
+        if first is None:
+            raise DataError(f"{self.db.path}: database is empty")
+        image, _ = self._decode(*first)
+        self.anno.mean = self.transformer.mean
+        self.item_shape = self.anno.output_shape(*image.shape)
+        if self.anno.mean is not None and self.anno.mean.shape[0] != image.shape[0]:
+            raise DataError(f"{self._where(first)}: mean_file has {self.anno.mean.shape[0]} "
+                            f"channels, the data {image.shape[0]}")  # fmt: skip
+        counts = [len(self._record(k, v)[1]) for k, v in self.db.items()]
+        self.rows = max_rows(counts, self.batch_size)
+        self._shapes = [(self.batch_size, *self.item_shape), (1, 1, self.rows, ROW)]
+        self.sampler = None
+        self.cursor = Cursor(self.db)
+
+    def _record(self, key: bytes, value: bytes) -> tuple[caffe_pb2.AnnotatedDatum, Boxes]:
+        where = self._where((key, value))
+        record = parse_annotated_datum(value, where=where)
+        if self.anno_type is not None:
+            record.type = self.anno_type
+        elif not record.HasField("type"):
+            raise DataError(f"{where}: the record has no annotation type (AnnotatedData reads "
+                            "BBOX records; set annotated_data_param.anno_type)")  # fmt: skip
+        return record, boxes_of(record, where=where)
+
+    def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
+        record, _ = self._record(key, value)
+        where = self._where((key, value))
+        return datum_to_array(record.datum, mode=self.transformer.decode_mode, where=where), 0
+
+    def _size(self, datum: caffe_pb2.Datum, where: str) -> tuple[int, int, int]:
+        """An image's C×H×W without decoding it (an encoded image's header)."""
+        if not datum.encoded:
+            return datum.channels, datum.height, datum.width
+        size = header_size(datum.data)
+        if size is None:  # a format whose header is not parsed here: decode it
+            return datum_to_array(datum, mode=self.transformer.decode_mode, where=where).shape
+        channels = self.item_shape[0]
+        return channels, size[1], size[0]
+
+    def plan(self) -> Planned:
+        """The next batch's records with every item's random choices, and the label top."""
+        planned = super().plan()
+        rows = np.full((self.rows, ROW), -1, np.float32)
+        at, items = 0, []
+        for item, (position, (key, value)) in enumerate(zip(planned.positions, planned.records,
+                                                            strict=True)):  # fmt: skip
+            record, boxes = self._record(key, value)
+            where = self._where((key, value))
+            rng = np.random.default_rng([self.key, int(position)])
+            shape = self._size(record.datum, where)
+            recipe, kept = self.anno.plan(rng, shape, boxes, bool(record.datum.encoded))
+            rows[at : at + len(kept)] = kept.rows(item)
+            at += len(kept)
+            items.append((record.datum, recipe, where))
+        return Planned((items, rows[None, None]), planned.positions)
+
+    def fill(self, planned: Planned, rows: range, out: list[np.ndarray]) -> float:
+        """Decode and transform the items ``rows`` into their rows of the data top; the label
+        top (planned whole) is written by the worker that has the first row."""
+        items, labels = planned.records
+        if rows.start == 0:
+            out[1][...] = labels
+        for row in rows:
+            datum, recipe, where = items[row]
+            image = datum_to_array(datum, mode=self.transformer.decode_mode, where=where)
+            self.anno.apply(image, recipe, out[0][row])
+        return 0.0
+
+    def _item(self, record: object) -> tuple[np.ndarray, float]:
+        raise NotImplementedError("AnnotatedData fills its rows itself")
+
+
+__all__ = ["AnnotatedDataSource", "max_rows"]
