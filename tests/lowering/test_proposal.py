@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
@@ -14,6 +15,11 @@ import caffe2jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.proposal import generate_anchors, parse_param_str
 from tests.lowering.opencv_parity import both, input_layer, rel_to_max
+
+PVANET = (
+    "{'feat_stride': 16, 'ratios': [0.333, 0.5, 0.667, 1, 1.5, 2, 3], "
+    "'scales': [2, 3, 5, 9, 16, 32]}"
+)
 
 
 def _inputs(h: int, w: int, a: int, scale: float, seed: int = 0) -> dict:
@@ -63,9 +69,9 @@ def test_proposals_match_opencv(tmp_path, h, w, scales):
     assert rel_to_max(o, t) <= 1e-5
 
 
-def _reference(inputs: dict, pre=6000, post=300, thresh=0.7, min_size=16) -> np.ndarray:
+def _reference(inputs: dict, pre=6000, post=300, thresh=0.7, min_size=16, anchors=None):
     """py-faster-rcnn's ProposalLayer.forward, transcribed in float64 numpy."""
-    anchors = generate_anchors()
+    anchors = generate_anchors() if anchors is None else anchors
     prob, deltas, info = inputs["prob"], inputs["deltas"], inputs["im_info"][0]
     a, (h, w) = anchors.shape[0], prob.shape[-2:]
     sx, sy = np.meshgrid(np.arange(w) * 16, np.arange(h) * 16)
@@ -156,3 +162,132 @@ def test_a_users_own_rpn_module_wins(tmp_path, monkeypatch):
     finally:
         for name in ("rpn.proposal_layer", "rpn"):
             sys.modules.pop(name, None)
+
+
+def _pvanet_like(path) -> str:
+    """The end of PVANet's test net (sanghoon/pva-faster-rcnn models/pvanet/example_train/
+    test.prototxt) on a small trunk: its 84- and 168-channel RPN heads, its Reshape / Softmax /
+    Reshape, its single-quoted Python proposal layer with its param_str (7 ratios × 6 scales),
+    its 6×6 ROIPooling and its 6-wide im_info."""
+    text = f"""name: "pva_like"
+input: "data"
+input_shape {{ dim: 1 dim: 3 dim: 96 dim: 128 }}
+input: "im_info"
+input_shape {{ dim: 1 dim: 6 }}
+layer {{ name: "convf" type: "Convolution" bottom: "data" top: "convf"
+  convolution_param {{ num_output: 8 kernel_size: 3 stride: 16 pad: 1
+    weight_filler {{ type: "gaussian" std: 0.1 }} }} }}
+layer {{ name: "rpn_cls_score" type: "Convolution" bottom: "convf" top: "rpn_cls_score"
+  convolution_param {{ num_output: 84 kernel_size: 1
+    weight_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "rpn_bbox_pred" type: "Convolution" bottom: "convf" top: "rpn_bbox_pred"
+  convolution_param {{ num_output: 168 kernel_size: 1
+    weight_filler {{ type: "gaussian" std: 0.1 }} }} }}
+layer {{ bottom: "rpn_cls_score" top: "rpn_cls_score_reshape" name: "rpn_cls_score_reshape"
+  type: "Reshape" reshape_param {{ shape {{ dim: 0 dim: 2 dim: -1 dim: 0 }} }} }}
+layer {{ name: "rpn_cls_prob" type: "Softmax" bottom: "rpn_cls_score_reshape" top: "rpn_cls_prob" }}
+layer {{
+  name: 'rpn_cls_prob_reshape'
+  type: 'Reshape'
+  bottom: 'rpn_cls_prob'
+  top: 'rpn_cls_prob_reshape'
+  reshape_param {{ shape {{ dim: 0 dim: 84 dim: -1 dim: 0 }} }}
+}}
+layer {{
+  name: 'proposal'
+  type: 'Python'
+  bottom: 'rpn_cls_prob_reshape'
+  bottom: 'rpn_bbox_pred'
+  bottom: 'im_info'
+  top: 'rois'
+  top: 'scores'
+  include {{ phase: TEST }}
+  python_param {{
+    module: 'rpn.proposal_layer'
+    layer: 'ProposalLayer'
+    param_str: "{PVANET}"
+  }}
+}}
+layer {{ name: "roi_pool_conv5" type: "ROIPooling" bottom: "convf" bottom: "rois"
+  top: "roi_pool_conv5" roi_pooling_param {{ pooled_w: 6 pooled_h: 6 spatial_scale: 0.0625 }} }}
+"""
+    path.write_text(text)
+    return str(path)
+
+
+def test_pvanet_param_str_gives_42_anchors_with_its_ratios():
+    """generate_anchors(ratios=PVANet's, scales=PVANet's): 42 anchors, ratio-major; ratio 0.333
+    at scale 2 is round(√(256/0.333)) = 28 by round(28·0.333) = 9 pixels, times 2."""
+    settings = parse_param_str(PVANET)
+    anchors = generate_anchors(16, settings["ratios"], settings["scales"])
+    assert anchors.shape == (42, 4)
+    np.testing.assert_array_equal(anchors[0], [7.5 - 27.5, 7.5 - 8.5, 7.5 + 27.5, 7.5 + 8.5])
+    np.testing.assert_array_equal(anchors[3 * 6 + 4], [-120, -120, 135, 135])  # ratio 1, 16
+    # py-RFCN-priv's base_size: a base box of 8 pixels, centre 3.5
+    np.testing.assert_array_equal(generate_anchors(8, (1,), (2,)), [[-4, -4, 11, 11]])
+
+
+def test_pvanet_like_test_net_runs_jitted_with_42_anchors(tmp_path):
+    """The net runs forward under jit (caffe2jax.Net's path), and its rois are py-faster-rcnn's
+    proposals from PVANet's 42 anchors for the net's own RPN outputs."""
+    net = caffe2jax.Net(_pvanet_like(tmp_path / "test.prototxt"), caffe2jax.TEST)
+    rng = np.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.normal(size=(1, 3, 96, 128))
+    net.blobs["im_info"].data[...] = [[96, 128, 0.5, 0.5, 96, 128]]
+    net.forward()
+    settings = parse_param_str(PVANET)
+    feed = {
+        "prob": net.blobs["rpn_cls_prob_reshape"].data,
+        "deltas": net.blobs["rpn_bbox_pred"].data,
+        "im_info": net.blobs["im_info"].data,
+    }
+    want = _reference(feed, anchors=generate_anchors(16, settings["ratios"], settings["scales"]))
+    rois = net.blobs["rois"].data
+    assert net.blobs["rpn_cls_prob_reshape"].data.shape == (1, 84, 6, 8)
+    assert len(want) > 20 and net.blobs["roi_pool_conv5"].data.shape == (300, 8, 6, 6)
+    np.testing.assert_allclose(rois[: len(want)], want, rtol=1e-5, atol=1e-3)
+    assert (rois[len(want) :] == 0).all()
+
+
+def test_anchor_count_mismatch_names_the_place_the_layer_and_what_it_expected(tmp_path):
+    path = tmp_path / "test.prototxt"
+    _pvanet_like(path)
+    path.write_text(path.read_text().replace("'ratios': [0.333, 0.5, 0.667, 1, 1.5, 2, 3], ", ""))
+    line = path.read_text().splitlines().index("  name: 'proposal'") + 1
+    with pytest.raises(NetError) as err:
+        caffe2jax.compile(str(path))
+    assert str(err.value) == (
+        f"{path}:{line}: layer 'proposal' (type Python): bottoms need 2·A = 36 and 4·A = 72 "
+        "channels (A = 18 anchors: 3 ratios × 6 scales), got [1, 84, 6, 8] and [1, 168, 6, 8]"
+    )
+
+
+def test_jax_shape_errors_inside_a_layer_become_a_net_error_with_file_and_line(tmp_path):
+    """A layer that broadcasts two bottoms that do not fit — at shape inference, and in a run
+    of a net whose shapes were inferred — fails as a NetError naming file:line, the layer,
+    its type, its bottoms' shapes and jax's complaint; no bare TypeError."""
+    from caffe2jax.lowering.python_layer import register_python_layer, unregister_python_layer
+
+    calls = []
+
+    @register_python_layer("shape_errors", "Add")
+    def add(bottoms, params, param_str, ctx):
+        calls.append(1)
+        a, b = bottoms
+        return [a + (b if len(calls) == 1 else b[:, :2])]
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(input_layer({"a": (2, 3), "b": (2, 3)}) + "layer {\n  name: 'sum'\n"
+                    "  type: 'Python' bottom: 'a' bottom: 'b' top: 'y'\n  python_param { "
+                    "module: 'shape_errors' layer: 'Add' } }\n")  # fmt: skip
+    try:
+        model = caffe2jax.compile(str(path))  # shape inference: the first call fits
+        x = np.ones((2, 3), np.float32)
+        with pytest.raises(
+            NetError,
+            match=rf"^{path}:3: layer 'sum' \(type Python\): cannot "
+            r"apply to bottom\(s\) 'a' \[2, 3\], 'b' \[2, 3\]: .*(broadcast|shapes)",
+        ):
+            jax.jit(lambda a, b: model.apply({}, {}, {"a": a, "b": b})[0]["y"])(x, x)
+    finally:
+        unregister_python_layer("shape_errors", "Add")
