@@ -49,6 +49,8 @@ DATA_LAYERS: dict[str, DataLayer] = {
     "HDF5Data": DataLayer((0, 0, 1, None), "pipeline", _DATA + "hdf5:HDF5DataSource"),
     "WindowData": DataLayer((0, 0, 2, 2), "pipeline", _DATA + "window_data:WindowDataSource"),
     "HDF5Output": DataLayer((2, 2, 0, 0), "sink", _DATA + "hdf5:HDF5OutputSink"),
+    # DeepLab's test-time writer of .mat files (runtime/data/mat_write.py)
+    "MatWrite": DataLayer((1, None, 0, 0), "sink", _DATA + "mat_write:MatWriteSink"),
     # the forks' data layers: SegNet/ENet, DeepLab (v2's third top data_dim), C3D
     "DenseImageData": DataLayer(
         (0, 0, 2, 2), "pipeline", _DATA + "dense_image_data:DenseImageDataSource"
@@ -174,4 +176,13 @@ def dummy_data(layer, params, bottoms, ctx):
 def hdf5_output(layer, params, bottoms, ctx):
     """HDF5OutputLayer: no tops and nothing computed in the graph; the runtime writes the two
     bottoms to the layer's file after each forward (caffe2jax.runtime.data.feeding.Sinks)."""
+    return []
+
+
+@register("MatWrite", counts=DATA_LAYERS["MatWrite"].counts)
+def mat_write(layer, params, bottoms, ctx):
+    """DeepLab's MatWriteLayer: no tops and nothing computed in the graph; the runtime writes
+    each bottom to a .mat file after each forward (caffe2jax.runtime.data.mat_write)."""
+    if not layer.param.mat_write_param.prefix:
+        raise fail(layer, "mat_write_param.prefix is required")
     return []

@@ -25,7 +25,6 @@ planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every reg
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ import jax.numpy as jnp
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.fork_types import unsupported_fork_type
+from caffe2jax.frontend.layer_text import misspelt_type
 from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]
@@ -271,21 +271,29 @@ def lowering_of(type_name: str) -> Lowering:
     return _REGISTRY[type_name]
 
 
+def type_problem(layer_type: str, form: str = "") -> str | None:
+    """What to say of a layer type caffe2jax does not lower (None: it lowers it): the fork it
+    comes from, else that it is unsupported (with a close type name, if any)."""
+    _load_families()
+    if layer_type in _REGISTRY:
+        return None
+    fork = unsupported_fork_type(layer_type, form)
+    if fork:
+        return fork
+    close = misspelt_type(layer_type, list(_REGISTRY))
+    hint = f" (did you mean '{close}'?)" if close else ""
+    return (f"unsupported type '{layer_type[:40]}'{hint}; {len(_REGISTRY)} types are supported, "
+            "listed by caffe2jax.layer_type_list()")  # fmt: skip
+
+
 def lookup(layer: ir.Layer) -> Lowering:
     """The lowering for ``layer``; an unknown type fails naming the layer and the known types."""
-    _load_families()
-    try:
+    problem = type_problem(layer.type, getattr(layer, "form", ""))
+    if problem is None:
         return _REGISTRY[layer.type]
-    except KeyError:
-        fork = unsupported_fork_type(layer.type, getattr(layer, "form", ""))
-        if fork:
-            raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}") from None
-        close = difflib.get_close_matches(layer.type, _REGISTRY, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise NetError(
-            f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
-            f"{len(_REGISTRY)} types are supported, listed by caffe2jax.layer_type_list()"
-        ) from None
+    if problem.startswith("unsupported type"):
+        raise NetError(f"layer '{layer.name}' has {problem}")
+    raise NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
 
 
 def _load_families() -> None:

@@ -48,12 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from caffe2jax.cli.timing import LayerTime, random_inputs, time_net
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
+    from caffe2jax.lowering.registry import type_problem
     from caffe2jax.runtime.parallel.memory import check_net_fits
 
     if args.iterations <= 0:
         raise CaffeError(f"--iterations must be > 0, got {args.iterations}")
     log = logs.setup(None)
-    net = load_net(args.model, args.phase)
+    net = load_net(args.model, args.phase, layer_types=type_problem)
     shapes, _ = source_shapes(net, Path(args.model).parent)
     shapes.update(parse_shapes(args.input_shape))
     model = Model(net, shapes, precision=args.precision)

@@ -21,6 +21,7 @@ import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
+from caffe2jax.lowering.data import data_layers
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of
@@ -103,9 +104,9 @@ class SolverLoop:
         for warning in long_test_warnings(p, self.tests):
             self.log.warning(warning)
         for layer in self.train.model.net.layers:
-            if layer.type == "HDF5Output":
+            if layer.type in data_layers("sink"):
                 self.log.warning(
-                    f"HDF5Output layer '{layer.name}' in the train net is not written during "
+                    f"{layer.type} layer '{layer.name}' in the train net is not written during "
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
 
