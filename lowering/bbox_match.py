@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from caffe2jax.frontend import caffe_pb2
+from caffe2jax.lowering import exact
 
 CodeType = caffe_pb2.PriorBoxParameter.CodeType
 
@@ -23,6 +24,9 @@ def jaccard(a: jax.Array, b: jax.Array) -> jax.Array:
 
     As bbox_util.cpp: boxes whose intervals do not touch (strict comparisons) overlap 0, an
     inverted box has area 0, the intersection counts only when its width and height are > 0.
+    The three products are rounded to float32 before the sum, as the fork's floats are
+    (:func:`caffe2jax.lowering.exact.mul`: under jit XLA would fuse ``s1 + s2 − w·h`` into one
+    multiply-add and move an overlap at ``overlap_threshold`` across it).
     """
     ax1, ay1, ax2, ay2 = (a[..., :, None, i] for i in range(4))
     bx1, by1, bx2, by2 = (b[..., None, :, i] for i in range(4))
@@ -30,11 +34,16 @@ def jaccard(a: jax.Array, b: jax.Array) -> jax.Array:
     iw = jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1)
     ih = jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1)
     touching = ~disjoint & (iw > 0) & (ih > 0)
-    inter = jnp.where(touching, iw * ih, 0.0)
-    area_a = jnp.where((ax2 < ax1) | (ay2 < ay1), 0.0, (ax2 - ax1) * (ay2 - ay1))
-    area_b = jnp.where((bx2 < bx1) | (by2 < by1), 0.0, (bx2 - bx1) * (by2 - by1))
+    inter = jnp.where(touching, exact.mul(iw, ih).astype(iw.dtype), 0.0)
+    area_a = jnp.where((ax2 < ax1) | (ay2 < ay1), 0.0, _area(ax1, ay1, ax2, ay2))
+    area_b = jnp.where((bx2 < bx1) | (by2 < by1), 0.0, _area(bx1, by1, bx2, by2))
     union = jnp.where(touching, area_a + area_b - inter, 1.0)
     return jnp.where(touching, inter / union, 0.0)
+
+
+def _area(x1, y1, x2, y2) -> jax.Array:
+    """BBoxSize of a normalized box, its product rounded to float32 as the fork's."""
+    return exact.mul(x2 - x1, y2 - y1).astype(x1.dtype)
 
 
 def cross_boundary(boxes: jax.Array) -> jax.Array:
