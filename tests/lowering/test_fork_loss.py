@@ -10,6 +10,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import fd_check, net, ours
 
 RNG = np.random.default_rng(0)
@@ -73,7 +74,9 @@ def test_segnet_divisor_is_the_counted_pixels_not_the_weight_sum():
     params, state = model.init(0)
 
     def loss(v):
-        return model.apply(params, state, {"x": v, "label": jnp.asarray(label)})[0]["loss"]
+        return jitted.forward(model, params, state, {"x": v, "label": jnp.asarray(label)})[0][
+            "loss"
+        ]
 
     expected = [[[[-0.25, 0.75, 0]], [[0.25, -0.75, 0]]]]
     np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(x)), expected, rtol=1e-6)

@@ -14,6 +14,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 RNG = np.random.default_rng(0)
@@ -29,7 +30,7 @@ def _grad(text: str, x, phase: str = "TEST", rng=None) -> np.ndarray:
     p, s = model.init(0)
 
     def f(x):
-        return jnp.sum(model.apply(p, s, {"x": x}, rng)[0]["y"])
+        return jnp.sum(jitted.forward(model, p, s, {"x": x}, rng)[0]["y"])
 
     return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)))
 

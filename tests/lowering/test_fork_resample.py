@@ -11,6 +11,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 X4 = np.array([[1, 5, 2, 0], [3, 4, 8, 7], [9, 0, 1, 2], [6, 2, 3, 4]], np.float32)
@@ -46,7 +47,7 @@ def test_max_unpool_gradient_gathers_at_the_mask():
     g = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4) + 1
 
     def f(x):
-        return jnp.sum(model.apply(p, s, {"x": x})[0]["up"] * g)
+        return jnp.sum(jitted.forward(model, p, s, {"x": x})[0]["up"] * g)
 
     dx = np.asarray(jax.grad(f)(jnp.asarray(X4[None, None])))[0, 0]
     expected = np.zeros((4, 4), np.float32)
@@ -76,11 +77,11 @@ def test_max_unpool_shared_index_last_wins_and_backward_gathers_to_each():
     m = jnp.asarray([[[[3.0, 3.0]]]])
 
     def f(x):
-        return jnp.sum(model.apply(p, s, {"x": x, "m": m})[0]["up"] * jnp.arange(1.0, 9.0)
+        return jnp.sum(jitted.forward(model, p, s, {"x": x, "m": m})[0]["up"] * jnp.arange(1.0, 9.0)
                        .reshape(1, 1, 2, 4))  # fmt: skip
 
     x = jnp.asarray([[[[10.0, 20.0]]]])
-    up = model.apply(p, s, {"x": x, "m": m})[0]["up"]
+    up = jitted.forward(model, p, s, {"x": x, "m": m})[0]["up"]
     np.testing.assert_array_equal(up[0, 0], [[0, 0, 0, 20], [0, 0, 0, 0]])
     np.testing.assert_array_equal(jax.grad(f)(x)[0, 0], [[4.0, 4.0]])
 
@@ -201,7 +202,7 @@ def test_max_unpool_under_bf16_keeps_exact_indices():
     x = np.random.default_rng(4).permutation(1024).astype(np.float32).reshape(1, 1, 32, 32)
     model = compile_net(text, precision="bf16")
     p, s = model.init(0)
-    blobs = model.apply(p, s, {"x": jnp.asarray(x)})[0]
+    blobs = jitted.forward(model, p, s, {"x": jnp.asarray(x)})[0]
     assert blobs["mask"].dtype == jnp.float32
     rounded = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)  # what bf16 pooling sees
     fp32 = ours(text, {"x": rounded})

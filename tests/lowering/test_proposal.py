@@ -14,6 +14,7 @@ import pytest
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.proposal import generate_anchors, parse_param_str
+from tests import jitted
 from tests.lowering.opencv_parity import both, input_layer, rel_to_max
 
 PVANET = (
@@ -106,7 +107,7 @@ def _reference(inputs: dict, pre=6000, post=300, thresh=0.7, min_size=16, anchor
 def test_min_size_filter_and_ordering_match_py_faster_rcnn():
     inputs = _inputs(12, 14, 9, 1.6, seed=3)  # RPN_MIN_SIZE·scale = 25.6 pixels
     model = caffe2jax.compile(_text(inputs, tops=("rois",)))
-    rois = np.asarray(model.apply({}, {}, inputs)[0]["rois"])
+    rois = np.asarray(jitted.forward(model, {}, {}, inputs)[0]["rois"])
     want = _reference(inputs, min_size=16)
     unfiltered = _reference(inputs, min_size=0)
     assert len(want) < len(unfiltered)  # the filter dropped something
@@ -117,8 +118,8 @@ def test_min_size_filter_and_ordering_match_py_faster_rcnn():
 def test_train_phase_takes_cfg_train():
     inputs = _inputs(20, 20, 9, 0.01)  # 3,600 anchors: more than either post-NMS count
     text = _text(inputs, tops=("rois",))
-    train = caffe2jax.compile(text, phase="TRAIN").apply({}, {}, inputs)[0]["rois"]
-    test = caffe2jax.compile(text, phase="TEST").apply({}, {}, inputs)[0]["rois"]
+    train = jitted.forward(caffe2jax.compile(text, phase="TRAIN"), {}, {}, inputs)[0]["rois"]
+    test = jitted.forward(caffe2jax.compile(text, phase="TEST"), {}, {}, inputs)[0]["rois"]
     assert train.shape == (2000, 5) and test.shape == (300, 5)
 
 
@@ -157,7 +158,7 @@ def test_a_users_own_rpn_module_wins(tmp_path, monkeypatch):
     try:
         inputs = _inputs(4, 4, 9, 1.0)
         model = caffe2jax.compile(_text(inputs, tops=("rois",)))
-        rois = np.asarray(model.apply({}, {}, inputs)[0]["rois"])
+        rois = np.asarray(jitted.forward(model, {}, {}, inputs)[0]["rois"])
         np.testing.assert_array_equal(rois, [[0, 1, 2, 3, 4]])
     finally:
         for name in ("rpn.proposal_layer", "rpn"):
@@ -288,6 +289,6 @@ def test_jax_shape_errors_inside_a_layer_become_a_net_error_with_file_and_line(t
             match=rf"^{path}:3: layer 'sum' \(type Python\): cannot "
             r"apply to bottom\(s\) 'a' \[2, 3\], 'b' \[2, 3\]: .*(broadcast|shapes)",
         ):
-            jax.jit(lambda a, b: model.apply({}, {}, {"a": a, "b": b})[0]["y"])(x, x)
+            jax.jit(lambda a, b: jitted.forward(model, {}, {}, {"a": a, "b": b})[0]["y"])(x, x)
     finally:
         unregister_python_layer("shape_errors", "Add")

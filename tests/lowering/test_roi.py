@@ -11,6 +11,7 @@ import pytest
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.roi import psroi_bins
+from tests import jitted
 from tests.lowering import roi_loops
 from tests.lowering.opencv_parity import both, check_fd, input_layer, rel_to_max
 
@@ -68,7 +69,7 @@ def test_psroi_pooling_matches_opencv(tmp_path, shape, param):
 
 def _run(kind, x, rois, param):
     model = caffe2jax.compile(_text(kind, x.shape, rois.shape, param))
-    return np.asarray(model.apply({}, {}, {"x": x, "rois": rois})[0]["y"])
+    return np.asarray(jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"])
 
 
 def test_roi_pooling_by_hand_rounds_halves_away_and_empty_bins_are_zero():
@@ -172,7 +173,7 @@ def test_roi_pooling_bins_equal_the_forks_for_every_size_and_pooled_size_jitted(
     layers = [(f"a{p}", "r16", p, 15 - p, 1 / 16) for p in range(1, 8)]
     layers += [(f"b{p}", "r32", 15 - p, p, 1 / 32) for p in range(1, 8)]
     model = caffe2jax.compile(_roi_net(x.shape, {k: v.shape for k, v in rois.items()}, layers))
-    blobs = jax.jit(lambda feed: model.apply({}, {}, feed)[0])({"x": x, **rois})
+    blobs = jitted.forward(model, {}, {}, {"x": x, **rois})[0]
     for name, r, ph, pw, scale in layers:
         want = _expected_encoded(rois[r], ph, pw, scale)
         bad = np.argwhere((np.asarray(blobs[name]) != want).any(1))
@@ -188,9 +189,10 @@ def test_roi_pooling_7x7_jitted_and_eager_equal_the_forks_loop():
     layers = [("y", "rois", 7, 7, 1 / 16)]
     model = caffe2jax.compile(_roi_net(x.shape, {"rois": rois.shape}, layers))
     want, _ = roi_loops.roi_pool_forward(x, rois, 7, 7, 1 / 16)
-    jitted = jax.jit(lambda x, r: model.apply({}, {}, {"x": x, "rois": r})[0]["y"])(x, rois)
+    on_jit = jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"]
+    # eager on purpose: the layer must give the fork's bins on both paths
     eager = model.apply({}, {}, {"x": x, "rois": rois})[0]["y"]
-    np.testing.assert_array_equal(np.asarray(jitted), want)
+    np.testing.assert_array_equal(np.asarray(on_jit), want)
     np.testing.assert_array_equal(np.asarray(eager), want)
 
 
@@ -219,7 +221,7 @@ def test_roi_pooling_backward_is_the_forks_argmax_routing_in_value_and_grad(ph, 
     g = rng.normal(size=(len(rois), x.shape[1], ph, pw)).astype(np.float32)
 
     def loss(x):
-        return jnp.sum(model.apply({}, {}, {"x": x, "rois": rois})[0]["y"] * g)
+        return jnp.sum(jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"] * g)
 
     value, dx = jax.jit(jax.value_and_grad(loss))(x)
     top, arg = roi_loops.roi_pool_forward(x, rois, ph, pw, scale)
@@ -270,7 +272,7 @@ def test_psroi_pooling_forward_and_even_spread_backward_equal_the_forks_loop(dim
     model = caffe2jax.compile(_psroi_text(x.shape, rois.shape, dim, k, scale))
 
     def loss(x):
-        top = model.apply({}, {}, {"x": x, "rois": rois})[0]["y"]
+        top = jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"]
         return jnp.sum(top * g), top
 
     (_, top), dx = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)

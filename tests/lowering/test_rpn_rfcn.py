@@ -13,6 +13,7 @@ import numpy as np
 
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from tests import jitted
 from tests.lowering.test_rpn_targets import _np_overlaps, _np_transform
 
 MODELS = Path(__file__).resolve().parents[3] / "shared" / "forks" / "models"
@@ -38,7 +39,7 @@ def _target_net(r: int, g: int, dialect: str = "rfcn", classes: int = 2) -> Mode
 def _run(model: Model, inputs: dict, seed: int = 0) -> dict:
     params, state = model.init(0)
     feed = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    out = model.apply(params, state, feed, jax.random.key(seed))[0]
+    out = jitted.forward(model, params, state, feed, jax.random.key(seed))[0]
     return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import net
 
 RNG = np.random.default_rng(3)
@@ -32,7 +33,7 @@ def _run(names):
     ones = jnp.ones((1, 2, 2, 2))
 
     def f(x):
-        return model.apply(params, state, {**x, "x": ones}, jax.random.key(0))[0]["loss"]
+        return jitted.forward(model, params, state, {**x, "x": ones}, jax.random.key(0))[0]["loss"]
 
     value, vjp = jax.vjp(f, feed)
     return float(value), {k: np.asarray(v) for k, v in vjp(jnp.float32(2.0))[0].items()}
