@@ -75,8 +75,7 @@ def _at(layer: ir.Layer):
 
 @contextlib.contextmanager
 def _applying(layer: ir.Layer, shapes: Sequence[Shape]):
-    """A lowering that cannot compute on its bottoms' shapes (a jax shape or broadcast error, in
-    shape inference or a run): a NetError naming file:line, layer, type, shapes, the misfit."""
+    """A lowering failing on its bottoms' shapes: a NetError with file:line, layer, shapes."""
     try:
         yield
     except CaffeError as err:  # a NetError gets the layer's place; data or weights errors pass
@@ -378,7 +377,8 @@ class Graph:
                 for c in carry_of(state).get(layer.name)
                 or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
             ]
-        with _applying(layer, [tuple(x.shape) for x in bottoms]):
+        user = layer.type == "Python"  # a user's Python layer raises its own exceptions
+        with contextlib.nullcontext() if user else _applying(layer, [x.shape for x in bottoms]):
             out = step.fn(layer, blobs, bottoms, ctx)
         if layer.name in self.carries:
             out, carried = out

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 import textwrap
 
-import jax
 import numpy as np
 import pytest
 
@@ -261,34 +260,3 @@ def test_anchor_count_mismatch_names_the_place_the_layer_and_what_it_expected(tm
         f"{path}:{line}: layer 'proposal' (type Python): bottoms need 2·A = 36 and 4·A = 72 "
         "channels (A = 18 anchors: 3 ratios × 6 scales), got [1, 84, 6, 8] and [1, 168, 6, 8]"
     )
-
-
-def test_jax_shape_errors_inside_a_layer_become_a_net_error_with_file_and_line(tmp_path):
-    """A layer that broadcasts two bottoms that do not fit — at shape inference, and in a run
-    of a net whose shapes were inferred — fails as a NetError naming file:line, the layer,
-    its type, its bottoms' shapes and jax's complaint; no bare TypeError."""
-    from caffe2jax.lowering.python_layer import register_python_layer, unregister_python_layer
-
-    calls = []
-
-    @register_python_layer("shape_errors", "Add")
-    def add(bottoms, params, param_str, ctx):
-        calls.append(1)
-        a, b = bottoms
-        return [a + (b if len(calls) == 1 else b[:, :2])]
-
-    path = tmp_path / "net.prototxt"
-    path.write_text(input_layer({"a": (2, 3), "b": (2, 3)}) + "layer {\n  name: 'sum'\n"
-                    "  type: 'Python' bottom: 'a' bottom: 'b' top: 'y'\n  python_param { "
-                    "module: 'shape_errors' layer: 'Add' } }\n")  # fmt: skip
-    try:
-        model = caffe2jax.compile(str(path))  # shape inference: the first call fits
-        x = np.ones((2, 3), np.float32)
-        with pytest.raises(
-            NetError,
-            match=rf"^{path}:3: layer 'sum' \(type Python\): cannot "
-            r"apply to bottom\(s\) 'a' \[2, 3\], 'b' \[2, 3\]: .*(broadcast|shapes)",
-        ):
-            jax.jit(lambda a, b: jitted.forward(model, {}, {}, {"a": a, "b": b})[0]["y"])(x, x)
-    finally:
-        unregister_python_layer("shape_errors", "Add")
