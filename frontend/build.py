@@ -17,12 +17,14 @@ from caffe2jax.frontend.forks.forms import layer_form
 
 
 def _layer_lines(text: str) -> dict[str, int]:
-    """Line of each ``name: "..."`` in the source, the best anchor for a layer's errors."""
+    """Line of each ``name: "..."`` (or ``name: '...'``: text format takes either quote, and
+    py-faster-rcnn's and PVANet's nets use single ones) in the source, the best anchor for a
+    layer's errors."""
     lines: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
-        match = re.search(r'\bname\s*:\s*"([^"]*)"', line)
-        if match and match.group(1) not in lines:
-            lines[match.group(1)] = number
+        match = re.search(r"""\bname\s*:\s*(?:"([^"]*)"|'([^']*)')""", line)
+        if match and (match.group(1) or match.group(2) or "") not in lines:
+            lines[match.group(1) or match.group(2) or ""] = number
     return lines
 
 

@@ -12,7 +12,6 @@ same here.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from caffe2jax.frontend.forks.catalog import FORKS
 from caffe2jax.frontend.forks.dialect import BVLC, Dialect, DialectError
 from caffe2jax.frontend.forks.layer_types import UNKNOWN_FORK_FIELDS
 from caffe2jax.frontend.forks.schema import decode, decode_net
+from caffe2jax.frontend.layer_text import enclosing_layer, misspelt
 
 M = TypeVar("M", bound=message.Message)
 
@@ -95,11 +95,10 @@ def _explain(detail: str, message_type: type[message.Message], token: str = "") 
             "support yet"
         )
     msg_name = owner.split(".")[-1]
-    known = _fields_of(owner, message_type)
-    hint = difflib.get_close_matches(name, known, n=1)
+    hint = misspelt(name, _fields_of(owner, message_type))
     what = "layer parameter or field" if msg_name == "LayerParameter" else "field"
     text = f"unknown {what} '{name}' in {msg_name}"
-    return text + (f" (did you mean '{hint[0]}'?)" if hint else "")
+    return text + (f" (did you mean '{hint}'?)" if hint else "")
 
 
 def _fields_of(full_name: str, root: type[message.Message]) -> list[str]:
@@ -134,13 +133,25 @@ def parse_text(
         pos = _POSITION.match(detail)
         if pos:
             line, column, detail = int(pos.group(1)), int(pos.group(2)), pos.group(3)
-        token = _token_at(text, line or 0, column or 0)
-        where = f"{filename}:{line or '?'}:{column or '?'}"
-        detail = _clip(_drop_echo(detail, text, line or 0), 120)
-        raise PrototxtError(
-            f"{where}: {_explain(detail, message_type, token)} (at token {token!r})"
-        ) from None
+        raise _parse_error(text, filename, line or 0, column or 0, detail, message_type) from None
     return msg
+
+
+def _parse_error(text, filename, line, column, detail, message_type) -> PrototxtError:
+    """file:line:col, the layer the position lies in (as every error about a layer names
+    it), what went wrong in Caffe's terms, the token. The error keeps ``layer`` (name, type
+    as written; None outside a layer) and ``field`` (an unknown field's name, else None)."""
+    token = _token_at(text, line, column)
+    where = f"{filename}:{line or '?'}:{column or '?'}"
+    detail = _clip(_drop_echo(detail, text, line), 120)
+    layer = enclosing_layer(text, line, column) if message_type is caffe_pb2.NetParameter else None
+    kind = f" (type {layer[1]})" if layer and layer[1] else ""
+    named = f"layer '{layer[0]}'{kind}: " if layer else ""
+    err = PrototxtError(f"{where}: {named}{_explain(detail, message_type, token)} "
+                        f"(at token {token!r})")  # fmt: skip
+    unknown = _NO_FIELD.search(detail)
+    err.layer, err.field = layer, unknown.group(2) if unknown else None
+    return err
 
 
 def parse_binary(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.build import build_net
+from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.filter import filter_net, make_state
 from caffe2jax.frontend.forks.dialect import Dialect, detect, get
+from caffe2jax.frontend.forks.upgrade import FORK_V1_TYPES
 from caffe2jax.frontend.parse import read_net, substitute
-from caffe2jax.frontend.upgrade import upgrade_net
+from caffe2jax.frontend.upgrade import V1_LAYER_TYPES, upgrade_net
 
 NetSource = str | os.PathLike | bytes | caffe_pb2.NetParameter
 
@@ -27,6 +29,24 @@ def _describe(source: NetSource, defines: Mapping[str, object] | None) -> tuple[
         return str(path), substitute(path.read_text(encoding="utf-8"), defines)
     except (OSError, UnicodeDecodeError):
         return str(path), ""
+
+
+def type_first(err: PrototxtError, layer_types: Callable[[str], str | None] | None):
+    """``err`` (a parse error inside a layer) saying first what ``layer_types`` says of the
+    layer's type, when it says something: an unknown ``transpose_param`` matters less than a
+    ``Transpose`` type caffe2jax does not run. Otherwise ``err`` itself."""
+    layer, field = getattr(err, "layer", None), getattr(err, "field", None)
+    if layer_types is None or not layer or not layer[1]:
+        return err
+    kind = V1_LAYER_TYPES.get(layer[1]) or FORK_V1_TYPES.get(layer[1]) or layer[1]
+    problem = layer_types(kind)
+    if problem is None:
+        return err
+    where = str(err).split(": layer '", 1)[0]
+    field_note = f"; its field '{field}' is unknown too" if field else ""
+    out = PrototxtError(f"{where}: layer '{layer[0]}' (type {kind}): {problem}{field_note}")
+    out.layer, out.field = layer, field
+    return out
 
 
 def read_param(
@@ -63,16 +83,22 @@ def load_net(
     *,
     dialect: str | Dialect | None = None,
     defines: Mapping[str, object] | None = None,
+    layer_types: Callable[[str], str | None] | None = None,
 ) -> ir.Net:
     """The IR of ``source`` for a NetState (phase, level, stages; or an explicit ``state``).
 
     As in Caffe's Net constructor, the given stages add to the stages the net itself declares.
     ``dialect`` overrides the fork numbering detected from the text (it decides how the net's
     binary files are read and the layer forms the text leaves open); ``defines`` fill a
-    template's ``${NAME}`` placeholders.
+    template's ``${NAME}`` placeholders. ``layer_types(type)`` says what is wrong with a layer
+    type the caller cannot run (None: nothing): a field error inside such a layer then says
+    the type first (see :func:`type_first`).
     """
     name, text = _describe(source, defines)
-    raw, chosen = read_param(source, dialect, defines)
+    try:
+        raw, chosen = read_param(source, dialect, defines)
+    except PrototxtError as err:
+        raise type_first(err, layer_types) from None
     net = upgrade_net(raw, source=name, text=text)
     if state is None:
         state = make_state(phase, level, stages, base=net.state)

@@ -30,7 +30,7 @@ from jax import lax
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.backward import resolve_backward
-from caffe2jax.frontend.errors import InputShapeError, NetError
+from caffe2jax.frontend.errors import CaffeError, InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
 from caffe2jax.lowering.engines.policy import EnginePolicy
@@ -49,12 +49,9 @@ from caffe2jax.lowering.registry import (
     lookup,
 )
 from caffe2jax.lowering.sharing import resolve_sharing
+from caffe2jax.lowering.util import fail as _fail
 
 Params = dict[str, list[Any]]
-
-
-def _fail(layer: ir.Layer, problem: str) -> NetError:
-    return NetError(f"{layer.where}layer '{layer.name}' (type {layer.type}): {problem}")
 
 
 def _locate(layer: ir.Layer, err: NetError) -> NetError:
@@ -74,6 +71,19 @@ def _at(layer: ir.Layer):
         yield
     except NetError as err:
         raise _locate(layer, err) from None
+
+
+@contextlib.contextmanager
+def _applying(layer: ir.Layer, shapes: Sequence[Shape]):
+    """A lowering failing on its bottoms' shapes: a NetError with file:line, layer, shapes."""
+    try:
+        yield
+    except CaffeError as err:  # a NetError gets the layer's place; data or weights errors pass
+        raise (_locate(layer, err) if isinstance(err, NetError) else err) from None
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        given = _shape_list(layer.bottom_names, shapes)
+        raise _fail(layer, f"cannot apply to bottom(s) {given}: {first}") from None
 
 
 def _shape_list(names: Sequence[str], shapes: Sequence[Shape]) -> str:
@@ -167,9 +177,8 @@ class Graph:
     def _infer_layer(self, k: int, layer: ir.Layer, shapes: dict, given: dict) -> None:
         lowering = self.lowerings[layer.name]
         if lowering.source:
-            for ssa, user, shape in zip(
-                layer.tops, layer.top_names, self._source_shapes(layer, given)
-            ):
+            declared = self._source_shapes(layer, given)
+            for ssa, user, shape in zip(layer.tops, layer.top_names, declared):
                 shapes[ssa] = shape
                 self.inputs[user] = shape
                 self._input_ssa[user] = ssa
@@ -194,17 +203,8 @@ class Graph:
             out = lowering.fn(layer, blobs, bottoms, ctx)
             return out[0] if lowering.stateful or carry else out
 
-        try:
+        with _applying(layer, bottom_shapes):
             tops = jax.eval_shape(run, blobs, bottoms)
-        except NetError:
-            raise
-        except Exception as err:  # a lowering rejected the shapes: name layer, blobs, shapes
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise _fail(
-                layer,
-                f"cannot apply to bottom(s) {_shape_list(layer.bottom_names, bottom_shapes)}: "
-                f"{first}",
-            ) from None
         if len(tops) != len(layer.tops):
             raise _fail(layer, f"produced {len(tops)} top(s) but the net names {len(layer.tops)}")
         return [tuple(t.shape) for t in tops]
@@ -273,10 +273,8 @@ class Graph:
     def _feed(self, inputs: Mapping[str, Any]) -> dict[str, jax.Array]:
         missing = [name for name in self.inputs if name not in inputs]
         if missing:
-            raise NetError(
-                f"missing input blob(s) {', '.join(missing)}; the net takes "
-                + _shape_list(list(self.inputs), list(self.inputs.values()))
-            )
+            takes = _shape_list(list(self.inputs), list(self.inputs.values()))
+            raise NetError(f"missing input blob(s) {', '.join(missing)}; the net takes {takes}")
         env = {}
         for name, shape in self.inputs.items():
             value = jnp.asarray(inputs[name])
@@ -379,7 +377,9 @@ class Graph:
                 for c in carry_of(state).get(layer.name)
                 or [jnp.zeros(d.shape, self.dtype) for d in self.carries[layer.name]]
             ]
-        out = step.fn(layer, blobs, bottoms, ctx)
+        user = layer.type == "Python"  # a user's Python layer raises its own exceptions
+        with contextlib.nullcontext() if user else _applying(layer, [x.shape for x in bottoms]):
+            out = step.fn(layer, blobs, bottoms, ctx)
         if layer.name in self.carries:
             out, carried = out
             new_state.carry[layer.name] = [lax.stop_gradient(c) for c in carried]

@@ -21,6 +21,7 @@ from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.graph import Graph, Params
 from caffe2jax.lowering.host_init import host_init
+from caffe2jax.lowering.registry import type_problem
 from caffe2jax.lowering.shape_cache import ShapeCache
 
 __all__ = ["PRECISIONS", "EnginePolicy", "Model", "ShapeCache", "compile"]
@@ -213,5 +214,5 @@ def compile(  # noqa: A001 - the design card's name for it
 ) -> Model:
     """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages,
     computing in ``precision`` with the engines ``policy`` picks (see :class:`Model`)."""
-    net = load_net(source, phase, level, stages)
+    net = load_net(source, phase, level, stages, layer_types=type_problem)
     return Model(net, input_shapes, dtype, precision, policy=policy)

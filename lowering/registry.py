@@ -35,7 +35,6 @@ planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every reg
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ import jax.numpy as jnp
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.forks.layer_types import unsupported_fork_type
+from caffe2jax.frontend.layer_text import misspelt_type
 from caffe2jax.lowering.engines.policy import EnginePolicy
 
 Shape = tuple[int, ...]
@@ -328,28 +328,36 @@ def lowering_of(type_name: str, form: str = "") -> Lowering:
     return found
 
 
+def type_problem(layer_type: str, form: str = "") -> str | None:
+    """What to say of a layer type in fork form ``form`` that caffe2jax does not lower (None: it
+    lowers it): a form of a registered type without its own entry, the fork the type comes from,
+    else that it is unsupported (with a close type name, if any)."""
+    load_families()
+    if (layer_type, form) in _REGISTRY or (layer_type, "") in _REGISTRY:
+        return None
+    forms = sorted(f for t, f in _REGISTRY if t == layer_type)
+    if forms:
+        return f"form '{form}' has no lowering; the type's forms: {', '.join(forms)}"
+    fork = unsupported_fork_type(layer_type, form)
+    if fork:
+        return fork
+    types = registered_types()
+    close = misspelt_type(layer_type, list(types))
+    hint = f" (did you mean '{close}'?)" if close else ""
+    return (f"unsupported type '{layer_type[:40]}'{hint}; {len(types)} types are supported, "
+            "listed by caffe2jax.layer_type_list()")  # fmt: skip
+
+
 def lookup(layer: ir.Layer) -> Lowering:
     """The lowering for ``layer``: its (type, form) entry where its form has one, else the
     type's BVLC entry; an unknown type fails naming the layer and the known types."""
-    load_families()
     form = getattr(layer, "form", "")
-    found = _REGISTRY.get((layer.type, form)) or _REGISTRY.get((layer.type, ""))
-    if found is not None:
-        return found
-    forms = sorted(f for t, f in _REGISTRY if t == layer.type)
-    if forms:
-        raise NetError(f"layer '{layer.name}' (type {layer.type}): form '{form}' has no "
-                       f"lowering; the type's forms: {', '.join(forms)}")  # fmt: skip
-    fork = unsupported_fork_type(layer.type, form)
-    if fork:
-        raise NetError(f"layer '{layer.name}' (type {layer.type}): {fork}")
-    types = registered_types()
-    close = difflib.get_close_matches(layer.type, types, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise NetError(
-        f"layer '{layer.name}' has unsupported type '{layer.type[:40]}'{hint}; "
-        f"{len(types)} types are supported, listed by caffe2jax.layer_type_list()"
-    )
+    problem = type_problem(layer.type, form)
+    if problem is None:
+        return _REGISTRY.get((layer.type, form)) or _REGISTRY[(layer.type, "")]
+    if problem.startswith("unsupported type"):
+        raise NetError(f"layer '{layer.name}' has {problem}")
+    raise NetError(f"layer '{layer.name}' (type {layer.type}): {problem}")
 
 
 class _DataLayers(Mapping[str, DataLayer]):

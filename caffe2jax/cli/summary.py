@@ -27,7 +27,7 @@ from caffe2jax.frontend.forks.dialect import get
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_layer import registered_python_layers
-from caffe2jax.lowering.registry import lookup
+from caffe2jax.lowering.registry import lookup, type_problem
 from caffe2jax.runtime.data.feeding import source_shapes
 
 
@@ -94,7 +94,7 @@ def summary_lines(
 
 def run(args: argparse.Namespace) -> int:
     net = load_net(args.model, args.phase, args.level, args.stage, dialect=args.dialect,
-                   defines=parse_defines(args.define))  # fmt: skip
+                   defines=parse_defines(args.define), layer_types=type_problem)  # fmt: skip
     if net.dialect != "bvlc":
         print(f"(dialect {net.dialect}: {get(net.dialect).name})")
     shapes, reason = source_shapes(net, Path(args.model).parent)

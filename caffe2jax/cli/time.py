@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from caffe2jax.cli.args import parse_shapes
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
+    from caffe2jax.lowering.registry import type_problem
     from caffe2jax.runtime.data.feeding import source_shapes
     from caffe2jax.runtime.host.memory import check_net_fits
     from caffe2jax.runtime.tools.timing import LayerTime, random_inputs, time_net
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.iterations <= 0:
         raise CaffeError(f"--iterations must be > 0, got {args.iterations}")
     log = logs.setup(None)
-    net = load_net(args.model, args.phase)
+    net = load_net(args.model, args.phase, layer_types=type_problem)
     shapes, _ = source_shapes(net, Path(args.model).parent)
     shapes.update(parse_shapes(args.input_shape))
     model = Model(net, shapes, precision=args.precision)

@@ -127,13 +127,15 @@ def check_train_net_fits(param, folder: Path) -> None:
     from caffe2jax.frontend import caffe_pb2
     from caffe2jax.frontend.pipeline import load_net
     from caffe2jax.lowering.model import Model
+    from caffe2jax.lowering.registry import type_problem
     from caffe2jax.runtime.data.feeding import source_shapes
     from caffe2jax.runtime.host.memory import check_net_fits
     from caffe2jax.runtime.train.setup import net_sources, net_state
 
     train, _ = net_sources(param, folder)
     extra = param.train_state if param.HasField("train_state") else None
-    net = load_net(train, "TRAIN", state=net_state(caffe_pb2.TRAIN, train, extra))
+    net = load_net(train, "TRAIN", state=net_state(caffe_pb2.TRAIN, train, extra),
+                   layer_types=type_problem)  # fmt: skip
     shapes, _ = source_shapes(net, folder)
     try:
         model = Model(net, shapes)

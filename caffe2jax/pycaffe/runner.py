@@ -25,7 +25,10 @@ from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import ranges
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle
+from caffe2jax.lowering.registry import data_layers
 from caffe2jax.pycaffe import programs
+
+SINK_TYPES = frozenset(data_layers("sink"))
 
 if TYPE_CHECKING:
     from caffe2jax.pycaffe.blob import Blob
@@ -143,8 +146,8 @@ class Runner:
 
     @staticmethod
     def _sunk(model: Model) -> frozenset[str]:
-        """The versions HDF5Output layers write after a forward."""
-        return frozenset(b for layer in model.net.layers if layer.type == "HDF5Output"
+        """The versions the sink layers (HDF5Output, MatWrite) write after a forward."""
+        return frozenset(b for layer in model.net.layers if layer.type in SINK_TYPES
                          for b in layer.bottoms)  # fmt: skip
 
     def _show(self, record: Forward, writes: dict[str, str], out: dict[str, Any]) -> None:

@@ -26,9 +26,14 @@ PYTHON_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 TRAINING_TYPES: frozenset[str] = frozenset(
     {
         "RegionLoss", "Yolov3", "GaussianYolov3", "YoloSeg", "SegmentationEvaluate", "LaneData",
-        "SegAccuracy", "MatWrite", "MatRead", "VoxelSoftmaxWithLoss", "VoxelCustomLoss",
+        "SegAccuracy", "VoxelSoftmaxWithLoss", "VoxelCustomLoss",
     }
 )  # fmt: skip
+
+#: What some unsupported fork types are, where "a training layer" would mislead.
+TYPE_KINDS: Mapping[str, str] = MappingProxyType(
+    {"MatRead": "a reader of input blobs from MATLAB .mat files"}
+)
 
 #: Fields of forks caffe2jax's schema does not hold, for messages that name their owner.
 UNKNOWN_FORK_FIELDS: Mapping[str, str] = MappingProxyType(
@@ -73,6 +78,8 @@ def unsupported_fork_type(layer_type: str, form: str = "") -> str | None:
         return None
     home = f"{forks[0].name} ({forks[0].source})"
     also = f"; also in {fork_names(forks[1:])}" if forks[1:] else ""
+    if layer_type in TYPE_KINDS:
+        return f"{TYPE_KINDS[layer_type]} of {home}{also}, not supported yet"
     if layer_type in TRAINING_TYPES:
         return f"a training layer of {home}{also}, not supported yet"
     return f"the {layer_type} layer of {home}{also}, which caffe2jax does not support yet"

@@ -23,7 +23,10 @@ own fork's to the last bit (an IoU exactly at a threshold keeps or drops a box):
   either side is negative, union ``w1·h1 + w2·h2 − intersection``.
 
 Every form computes ``inter / (area_a + area_b − inter)`` in that order of operations, so each
-reproduces the expression of the code it comes from.
+reproduces the expression of the code it comes from. The products (intersection, areas) are
+rounded to float32 before the sum, as the forks' floats are (:func:`caffe2jax.lowering.exact.mul`:
+under jit XLA would fuse ``a + b − w·h`` into one multiply-add and move an overlap at a
+threshold across it).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+
+from caffe2jax.lowering import exact
 
 
 @dataclass(frozen=True)
@@ -75,14 +80,19 @@ def _corners(boxes: jax.Array, centre: bool) -> tuple[jax.Array, ...]:
     return x - w / 2, y - h / 2, x + w / 2, y + h / 2
 
 
+def _product(x: jax.Array, y: jax.Array) -> jax.Array:
+    """``x·y`` rounded to float32 on its own, as the forks' C++ rounds it (no fused add)."""
+    return exact.mul(x, y).astype(x.dtype)
+
+
 def _area(boxes: jax.Array, corners: tuple[jax.Array, ...], c: Convention) -> jax.Array:
     if c.centre:
-        return boxes[..., 2] * boxes[..., 3]
+        return _product(boxes[..., 2], boxes[..., 3])
     x1, y1, x2, y2 = corners
     if c.plus_one:
-        area = (x2 - x1 + 1) * (y2 - y1 + 1)
+        area = _product(x2 - x1 + 1, y2 - y1 + 1)
     else:
-        area = (x2 - x1) * (y2 - y1)
+        area = _product(x2 - x1, y2 - y1)
     return jnp.where((x2 < x1) | (y2 < y1), 0.0, area) if c.inverted_empty else area
 
 
@@ -114,10 +124,10 @@ def iou(
     area_a, area_b = area_a[..., :, None], area_b[..., None, :]
     if c.gated:
         ok = (iw > 0) & (ih > 0)
-        inter = iw * ih
+        inter = _product(iw, ih)
         out = jnp.where(ok, inter / jnp.where(ok, area_a + area_b - inter, 1.0), 0.0)
     else:
-        inter = jnp.where((iw < 0) | (ih < 0), 0.0, iw * ih)
+        inter = jnp.where((iw < 0) | (ih < 0), 0.0, _product(iw, ih))
         out = inter / (area_a + area_b - inter)
     return jnp.where(disjoint, 0.0, out) if c.disjoint == "zero" else out
 

@@ -170,6 +170,7 @@ def _ave_divisor(shape, kernel, stride, pad, out) -> np.ndarray:
 
 
 def _window_max(x, kernel: Triple, stride: Triple, padding) -> jax.Array:
+    # a NumPy init stays concrete under jit: JAX sees the max monoid (a traced init is not)
     return lax.reduce_window(
         x, np.asarray(-_FLT_MAX, x.dtype), lax.max, (1, 1, *kernel), (1, 1, *stride), padding
     )
@@ -219,8 +220,10 @@ def pooling3d(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]
     padding = _padding(x.shape, kernel, stride, pad, out)
     if method == P3.MAX:
         return [max_pool3d(x, kernel, stride, tuple(padding))]
+    # a NumPy zero stays concrete under jit, so the sum is a differentiable monoid reduction
+    # (with jnp's traced zero the compiled train step failed: "Linearization failed")
     total = lax.reduce_window(
-        x, np.asarray(0, x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
+        x, np.zeros((), x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
     )
     divisor = _ave_divisor(x.shape, kernel, stride, pad, out)
     return [total / jnp.asarray(divisor, x.dtype)]

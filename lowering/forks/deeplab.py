@@ -151,6 +151,15 @@ for _form, _fn in (("", _image_seg_data), ("deeplab-v1", _image_seg_data_v1)):
     register("ImageSegData", form=_form, counts=(0, 0, 2, 3), source=True, feed="pipeline")(_fn)
 
 
+@register("MatWrite", counts=(1, None, 0, 0), feed="sink")
+def mat_write(layer, params, bottoms, ctx):
+    """DeepLab's MatWriteLayer: no tops and nothing computed in the graph; the runtime writes
+    each bottom to a .mat file after each forward (runtime/data/readers/mat_write.py)."""
+    if not layer.param.mat_write_param.prefix:
+        raise fail(layer, "mat_write_param.prefix is required")
+    return []
+
+
 # -- BN (PSPNet) --------------------------------------------------------------------------------
 
 

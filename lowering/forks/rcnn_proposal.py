@@ -8,8 +8,11 @@ this JAX version unless the user registered their own function for it
 Reproduced from py-faster-rcnn@781a917 lib/rpn/proposal_layer.py, generate_anchors.py,
 lib/fast_rcnn/bbox_transform.py, config.py and nms/py_cpu_nms.py:
 
-* ``param_str`` (YAML): ``feat_stride`` (required), ``scales`` (default (8, 16, 32)); ratios
-  are always (0.5, 1, 2) and the base size 16, as the layer has them;
+* ``param_str`` (YAML): ``feat_stride`` (required), ``scales`` (default (8, 16, 32)),
+  ``ratios`` (default (0.5, 1, 2): PVANet's and soeaver's py-RFCN-priv layers read it; PVANet's
+  7 ratios × 6 scales make 42 anchors) and ``base_size`` (default 16: py-RFCN-priv reads it).
+  py-faster-rcnn's and py-R-FCN's own layers read only the first two, but their nets set no
+  others; keys no version reads (``num_classes``…) are ignored, as every version ignores them;
 * bottoms: rpn_cls_prob_reshape (1, 2A, H, W) (foreground = channels A..2A), rpn_bbox_pred
   (1, 4A, H, W), im_info (1, 3) [height, width, scale]; batch 1 only;
 * anchors at every position (row-major, anchors inner), ``bbox_transform_inv`` (+1 widths,
@@ -83,12 +86,35 @@ def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32)) -> np
     return np.asarray(out, np.float64)
 
 
-def _settings(param_str: str) -> tuple[float, np.ndarray]:
-    params = parse_param_str(param_str)
+def anchor_settings(layer: ir.Layer) -> tuple[dict[str, object], np.ndarray]:
+    """The layer's param_str and its anchors: ``generate_anchors(base_size, ratios, scales)``
+    from ``base_size``, ``ratios`` and ``scales`` (defaults 16, (0.5, 1, 2), (8, 16, 32)), as
+    PVANet's and py-RFCN-priv's proposal and anchor target layers read them."""
+    params = parse_param_str(layer.param.python_param.param_str)
     if "feat_stride" not in params:
-        raise ValueError(f"ProposalLayer's param_str needs 'feat_stride', got {param_str!r}")
-    scales = params.get("scales", (8, 16, 32))
-    return float(params["feat_stride"]), generate_anchors(scales=tuple(scales))
+        raise fail(layer, f"{layer.param.python_param.layer}'s param_str needs 'feat_stride', "
+                          f"got {layer.param.python_param.param_str!r}")  # fmt: skip
+    for key in ("scales", "ratios"):
+        if key in params and not (isinstance(params[key], tuple) and params[key]):
+            raise fail(layer, f"param_str '{key}' must be a list of numbers, got {params[key]!r}")
+    anchors = generate_anchors(
+        float(params.get("base_size", 16)),
+        tuple(params.get("ratios", (0.5, 1, 2))),
+        tuple(params.get("scales", (8, 16, 32))),
+    )
+    return params, anchors
+
+
+def _check_channels(layer: ir.Layer, scores, deltas, params, anchors) -> None:
+    """rpn_cls_prob_reshape must have 2·A channels and rpn_bbox_pred 4·A for the A anchors
+    the param_str makes (py-faster-rcnn's layer would mis-slice or fail to broadcast)."""
+    a = anchors.shape[0]
+    if scores.shape[1] == 2 * a and deltas.shape[1] == 4 * a:
+        return
+    made = (f"A = {a} anchors: {len(params.get('ratios', (0.5, 1, 2)))} ratios × "
+            f"{len(params.get('scales', (8, 16, 32)))} scales")  # fmt: skip
+    raise fail(layer, f"bottoms need 2·A = {2 * a} and 4·A = {4 * a} channels ({made}), got "
+                      f"{list(scores.shape)} and {list(deltas.shape)}")  # fmt: skip
 
 
 def _proposals(scores, deltas, info, stride: float, anchors: np.ndarray):
@@ -115,10 +141,9 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx, config=CONFIG):
     scores, deltas, im_info = (lax.stop_gradient(b) for b in bottoms)
     if scores.shape[0] != 1:
         raise fail(layer, "Only single item batches are supported (ProposalLayer)")
-    try:
-        stride, anchors = _settings(layer.param.python_param.param_str)
-    except ValueError as err:
-        raise fail(layer, str(err)) from None
+    settings, anchors = anchor_settings(layer)
+    _check_channels(layer, scores, deltas, settings, anchors)
+    stride = float(settings["feat_stride"])
     pre, post, thresh, min_size = config[ctx.phase]
     info = im_info.reshape(-1)
     boxes, fg = _proposals(scores, deltas, info, stride, anchors)

@@ -8,7 +8,9 @@ py-R-FCN's form of the proposal target layer is :mod:`~caffe2jax.lowering.forks.
 Reproduced from py-faster-rcnn@781a917 lib/rpn/anchor_target_layer.py, proposal_target_layer.py
 and the end2end config (lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml):
 the thresholds, fractions and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the
-fork's.
+fork's. The anchor target layer's param_str: ``feat_stride``, ``allowed_border`` and the
+anchors' ``scales``, ``ratios`` and ``base_size`` (PVANet's and py-RFCN-priv's readings; see
+:func:`~caffe2jax.lowering.forks.rcnn_proposal.anchor_settings`).
 
 What differs from the numpy original (both layers have no backward there; here their tops are
 constants for the gradient, ``stop_gradient``):
@@ -38,7 +40,7 @@ from caffe2jax.frontend import ir
 from caffe2jax.lowering.boxes.coders import bbox_transform
 from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.boxes.matching import gt_valid, random_subset
-from caffe2jax.lowering.forks.rcnn_proposal import generate_anchors, parse_param_str
+from caffe2jax.lowering.forks.rcnn_proposal import anchor_settings, parse_param_str
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.util import fail
 
@@ -120,10 +122,7 @@ def anchor_weights(labels, cfg=ANCHOR_CFG):
 
 
 def _anchor_settings(layer: ir.Layer) -> tuple[float, np.ndarray, float]:
-    params = parse_param_str(layer.param.python_param.param_str)
-    if "feat_stride" not in params:
-        raise fail(layer, "AnchorTargetLayer's param_str needs 'feat_stride'")
-    anchors = generate_anchors(scales=tuple(params.get("scales", (8, 16, 32))))
+    params, anchors = anchor_settings(layer)
     return float(params["feat_stride"]), anchors, float(params.get("allowed_border", 0))
 
 

@@ -19,6 +19,12 @@ smooth_L1_loss_layer.cpp:
   shapes only. Sizes are truncated to integers as the fork does (``int min_size_``); the
   second box of each min size has side ``sqrt(min·max)``; then one box per aspect ratio
   other than 1 (ratios within 1e-6 of one already listed are dropped; ``flip`` adds 1/r).
+  The fork's types are kept: ratios are floats (1/r computed in double, stored as float),
+  box sides ``sqrt(min·max)`` and ``min·sqrt(r)`` are computed in double and stored in a
+  float (C's ``sqrt(double)``; a build whose ``sqrt(float)`` overload is visible would round
+  ``sqrt(r)`` first: docs/fidelity.md), centres ``(w + offset)·step`` in float, and each
+  coordinate ``(centre ∓ side/2.)/img`` in double, stored as float. Computed in NumPy when
+  the net is compiled: jit cannot change it.
   ``clip`` (default false in SSD; OpenCV's proto defaults it to true) clamps to [0, 1].
 * SmoothL1Loss (form ``ssd``): no parameter, bottoms pred, target [, weights].
   d = (pred − target)·w; f = 0.5·d² where |d| < 1, else |d| − 0.5; loss = Σf / N (N =
@@ -114,13 +120,14 @@ def permute(layer, params, bottoms, ctx):
 
 def _aspect_ratios(p) -> list[float]:
     """[1] then each given ratio (and 1/ratio with ``flip``) not within 1e-6 of one listed."""
-    ratios = [1.0]
+    ratios = [np.float32(1.0)]
     for r in p.aspect_ratio:
-        if any(abs(r - have) < 1e-6 for have in ratios):
+        r = np.float32(r)
+        if any(abs(float(r - have)) < 1e-6 for have in ratios):
             continue
-        ratios.append(float(r))
+        ratios.append(r)
         if p.flip:
-            ratios.append(1.0 / float(r))
+            ratios.append(np.float32(1.0 / float(r)))  # 1./ar in double, stored as float
     return ratios
 
 
@@ -143,6 +150,7 @@ def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
     if p.max_size and len(p.max_size) != len(p.min_size):
         raise fail(layer, "max_size must be given once per min_size")
     sizes = []
+    f32 = np.float32
     for s, raw in enumerate(p.min_size):
         if raw <= 0:
             raise fail(layer, f"min_size must be positive, got {raw}")
@@ -152,11 +160,12 @@ def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
             big = int(p.max_size[s])
             if p.max_size[s] <= raw:
                 raise fail(layer, "max_size must be greater than min_size")
-            side = math.sqrt(ms * big)
+            side = f32(math.sqrt(ms * big))  # sqrt(int) in double, kept in a float
             sizes.append((side, side))
         for r in _aspect_ratios(p):
-            if abs(r - 1.0) >= 1e-6:
-                sizes.append((ms * math.sqrt(r), ms / math.sqrt(r)))
+            if abs(float(r) - 1.0) >= 1e-6:  # C's sqrt(double(ar)), the product kept in a float
+                root = math.sqrt(float(r))
+                sizes.append((f32(ms * root), f32(ms / root)))
     return sizes
 
 

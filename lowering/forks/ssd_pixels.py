@@ -17,6 +17,11 @@ as weiliu89/caffe detection_evaluate_layer.cpp and bbox_util.cpp do it.
   plain case; FIT_SMALL_SIZE with ``height_scale``/``width_scale`` is refused.
 * ``JaccardOverlap(…, normalized=false)`` on these boxes and their cached ``(w + 1)·(h + 1)``
   sizes (0 for an inverted box): lowering/boxes/iou.py, convention ``SSD_PIXELS``.
+
+Every product and every division by a constant here (and in the IoU) goes through
+:mod:`caffe2jax.lowering.exact`, so the float32 values are the fork's under jit too (XLA would
+fuse a product into the following sum and turn ``/ resize_height`` into a product), and a
+match at ``overlap_threshold`` falls on the fork's side.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering import exact
 from caffe2jax.lowering.util import fail
 
 _RESIZE = caffe_pb2.ResizeParameter
@@ -66,10 +72,12 @@ def resize_settings(layer: ir.Layer) -> tuple[int, float, float] | None:
 def _letterbox(hw: jnp.ndarray, resize: tuple[int, float, float]) -> jnp.ndarray:
     """(..., 4) source box of the image inside the FIT_LARGE_SIZE_AND_PAD canvas."""
     _, rh, rw = resize
-    aspect = hw[..., 1] / hw[..., 0]
-    wide = aspect > rw / rh
-    pad_h = (rh - rw / aspect) / 2 / rh
-    pad_w = (rw - rh * aspect) / 2 / rw
+    # exact: jit would turn rw / (w / h) into (rw · h) / w, and padding / resize_height into a
+    # product with 1 / resize_height
+    aspect = exact.div(hw[..., 1], hw[..., 0])
+    wide = aspect > np.float32(rw) / np.float32(rh)
+    pad_h = exact.div((np.float32(rh) - np.float32(rw) / aspect) / 2, rh)
+    pad_w = exact.div((np.float32(rw) - exact.mul(np.float32(rh), aspect)) / 2, rw)
     zero, one = jnp.zeros_like(aspect), jnp.ones_like(aspect)
     x1, y1 = jnp.where(wide, zero, pad_w), jnp.where(wide, pad_h, zero)
     x2, y2 = jnp.where(wide, one, 1 - pad_w), jnp.where(wide, 1 - pad_h, one)
@@ -91,9 +99,9 @@ def output_bbox(box: jnp.ndarray, hw: jnp.ndarray, resize) -> tuple[jnp.ndarray,
     if resize is not None and resize[0] == _RESIZE.FIT_LARGE_SIZE_AND_PAD:
         box = _project(_letterbox(hw, resize), box)
     scale = jnp.stack([hw[..., 1], hw[..., 0], hw[..., 1], hw[..., 0]], -1)
-    out = jnp.clip(box, 0.0, 1.0) * scale
+    out = exact.mul(jnp.clip(box, 0.0, 1.0), scale).astype(box.dtype)
     w, h = out[..., 2] - out[..., 0], out[..., 3] - out[..., 1]
-    return out, jnp.where((w < 0) | (h < 0), 0.0, (w + 1) * (h + 1))
+    return out, jnp.where((w < 0) | (h < 0), 0.0, exact.mul(w + 1, h + 1).astype(box.dtype))
 
 
 def image_ranks(det_items: jnp.ndarray, items: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -139,7 +139,8 @@ class Feeder:
 
 
 class Sinks:
-    """HDF5Output layers: after each forward, their bottoms are appended to their files."""
+    """HDF5Output and MatWrite layers: after each forward, their bottoms are written to their
+    files."""
 
     def __init__(self, net: ir.Net, out_dir: Path | None = None):
         sinks = data_layers("sink")

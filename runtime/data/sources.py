@@ -63,7 +63,7 @@ def reader_class(layer: caffe_pb2.LayerParameter, feed: str) -> type:
     if found is None:
         raise DataError(
             f"layer {layer.name!r}: {layer.type} is not supported (supported data layers: "
-            f"{readable}; HDF5Output as a sink)"
+            f"{readable}; HDF5Output and MatWrite as sinks)"
         )
     return found
 
@@ -79,7 +79,7 @@ def make_source(
     """The host-side source of a data layer the pipeline reads (Data, ImageData, HDF5Data…).
     ``form``: the layer's form (``ir.Layer.form``: C3D v1.0's VideoData, DeepLab v1's
     ImageSegData), given to the readers of the types that have several."""
-    if layer.type == "HDF5Output":
-        raise DataError(f"layer {layer.name!r}: HDF5Output is a sink (use make_sink)")
+    if layer.type in data_layers("sink"):
+        raise DataError(f"layer {layer.name!r}: {layer.type} is a sink (use make_sink)")
     extra = {"form": form} if form else {}
     return reader_class(layer, "pipeline")(layer, phase, base_dir=base_dir, seed=seed, **extra)

@@ -18,6 +18,7 @@ from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import HostDataLayer
 from caffe2jax.lowering.python_layer import host_data_layers
+from caffe2jax.lowering.registry import type_problem
 from caffe2jax.runtime.data.feeding import Feeder, Sinks
 
 
@@ -41,7 +42,15 @@ class CompiledNet:
         ``phase``/``level``/``stages`` (or a NetState ``state``): data layers opened relative
         to ``base_dir`` with ``seed``, the model compiled for the shapes they give."""
         net, host = host_data_layers(
-            load_net(source, phase, level, tuple(stages), state=state, dialect=dialect)
+            load_net(
+                source,
+                phase,
+                level,
+                tuple(stages),
+                state=state,
+                dialect=dialect,
+                layer_types=type_problem,
+            )  # fmt: skip
         )
         feeder = Feeder(net, base_dir, seed=seed)
         shapes = feeder.input_shapes()

@@ -23,7 +23,7 @@ from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_class import settle, user_errors
-from caffe2jax.lowering.registry import NetState, carry_of
+from caffe2jax.lowering.registry import NetState, carry_of, data_layers
 from caffe2jax.runtime.formats.atomic import remove_stale_temps
 from caffe2jax.runtime.formats.snapshot import resume_path
 from caffe2jax.runtime.parallel import data_parallel
@@ -105,9 +105,9 @@ class SolverLoop:
         for warning in long_test_warnings(p, self.tests):
             self.log.warning(warning)
         for layer in self.train.model.net.layers:
-            if layer.type == "HDF5Output":
+            if layer.type in data_layers("sink"):
                 self.log.warning(
-                    f"HDF5Output layer '{layer.name}' in the train net is not written during "
+                    f"{layer.type} layer '{layer.name}' in the train net is not written during "
                     "the compiled train steps (test nets and Net.forward write it)"
                 )
 

@@ -42,7 +42,10 @@ layer { name: "ip2" type: "InnerProduct" bottom: "a" top: "y2"
 """
 BAD_NETS = {
     "truncated": ('name: "x"\nlayer {\n  name: "a"\n  type: "Input"\n', r"bad\.prototxt:\d+:\d+"),
-    "unknown field": ('layer { name: "a" tpye: "ReLU" }', r"bad\.prototxt:1:\d+: unknown .*'tpye'"),
+    "unknown field": (
+        'layer { name: "a" tpye: "ReLU" }',
+        r"bad\.prototxt:1:\d+: layer 'a': unknown .*'tpye' .*did you mean 'type'",
+    ),
     "wrong type": ('layer { name: "a" convolution_param { num_output: "x" } }', r":1:\d+:"),
     "undefined bottom": (
         'layer { name: "r" type: "ReLU" bottom: "nowhere" top: "r" }',

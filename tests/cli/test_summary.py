@@ -63,7 +63,9 @@ def test_dialect_and_define_options_are_checked():
     proc = run_cli("summary", FORK_MODELS / "deeplab_v1_vgg128_noup_test.prototxt")
     assert proc.returncode == 1
     assert re.search(
-        r"noup_test\.prototxt:\d+:\d+: template variable \$\{NUM_LABELS\}", proc.stderr
+        r"noup_test\.prototxt:\d+:\d+: layer 'fc8_\$\{EXP\}' \(type CONVOLUTION\): template "
+        r"variable \$\{NUM_LABELS\}",
+        proc.stderr,
     )
 
 

@@ -144,3 +144,16 @@ def test_blob_counts_are_checked_where_each_type_registers(tmp_path):
     with pytest.raises(NetError, match="takes exactly 1 bottom blob\\(s\\), got 2") as err:
         compile_net(path)
     assert str(err.value).startswith(f"{path}:") and "layer 'relu1' (type ReLU)" in str(err.value)
+
+
+def test_single_quoted_layer_names_still_give_file_and_line(tmp_path):
+    """Text format takes either quote; py-faster-rcnn's and PVANet's nets name layers
+    ``name: 'proposal'`` on a line of their own."""
+    path = tmp_path / "single.prototxt"
+    text = NET.replace('name: "ip2"', "\n  name: 'ip2'\n").replace(
+        'bottom: "ip1" top: "ip2"', 'bottom: "nope" top: "ip2"'
+    )
+    path.write_text(text)
+    line = text.splitlines().index("  name: 'ip2'") + 1
+    with pytest.raises(NetError, match=rf"^{path}:{line}: layer 'ip2' .*unknown bottom blob"):
+        load_net(path)

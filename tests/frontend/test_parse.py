@@ -42,7 +42,7 @@ def error_of(text: str, tmp_path) -> str:
 
 def test_unknown_field_names_position_and_suggests(tmp_path):
     message = error_of('name: "x"\nlayer {\n  name: "a"\n  typ: "ReLU"\n}\n', tmp_path)
-    assert message.startswith("net.prototxt:4:3: unknown layer parameter or field 'typ'")
+    assert message.startswith("net.prototxt:4:3: layer 'a': unknown layer parameter or field 'typ'")
     assert "did you mean 'type'" in message and "'typ'" in message
 
 

@@ -13,6 +13,7 @@ from jax.test_util import check_grads
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 
 
 def net(layers: str, inputs: dict[str, tuple[int, ...]]) -> str:
@@ -32,7 +33,7 @@ def ours(text: str, inputs: dict, weights: dict | None = None, phase: str = "TES
     for name, blobs in (weights or {}).items():
         params[name] = [jnp.asarray(b, jnp.float32) for b in blobs]
     feed = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    blobs, _ = model.apply(params, state, feed, jax.random.key(0))
+    blobs, _ = jitted.forward(model, params, state, feed, jax.random.key(0))
     return {k: np.asarray(v) for k, v in blobs.items()}
 
 
@@ -92,9 +93,10 @@ def fd_check(
             p0[name] = [None if b is None else jnp.asarray(b, jnp.float64) for b in blobs]
         const = {k: jnp.asarray(v, jnp.float64) for k, v in (fixed or {}).items()}
         x0 = {k: jnp.asarray(v, jnp.float64) for k, v in inputs.items()}
-        shape = model.apply(p0, state, {**x0, **const}, jax.random.key(0))[0][top].shape
+        shape = jitted.forward(model, p0, state, {**x0, **const}, jax.random.key(0))[0][top].shape
         c = jnp.asarray(np.random.default_rng(7).standard_normal(shape))
 
+        @jax.jit  # the compiled path: reverse mode of the jitted forward, as users train
         def f(x, p):
             blobs = model.apply(p if params else p0, state, {**x, **const}, jax.random.key(0))
             return jnp.sum(blobs[0][top] * c)
@@ -120,6 +122,6 @@ def channels_last_agrees(layer: str, shape: tuple[int, ...], tops=("y",)) -> Non
     model = compile_net(text, policy=EnginePolicy(channels_last=True))
     assert "y" in layout.plan(model.net), "the layer did not take its channels-last form"
     params, state = model.init(0)
-    blobs, _ = model.apply(params, state, {"x": jnp.asarray(x)}, jax.random.key(0))
+    blobs, _ = jitted.forward(model, params, state, {"x": jnp.asarray(x)}, jax.random.key(0))
     for top in tops:
         np.testing.assert_allclose(np.asarray(blobs[top]), plain[top], rtol=1e-5, atol=1e-5)

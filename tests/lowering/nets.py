@@ -1,13 +1,14 @@
-"""Small nets for the layer families' own tests."""
+"""Small nets for the layer families' own tests. Forwards run under ``jax.jit`` and gradients
+as ``value_and_grad`` of a loss under ``jax.jit``, the path users run (tests/jitted.py)."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 
 
 def one_layer(body: str, inputs: dict[str, tuple[int, ...]], phase: str = "TEST") -> Model:
@@ -44,7 +45,7 @@ def run(text, inputs, params=None, phase="TEST", rng=None):
     init, state = model.init(0)
     if params is not None:
         init["layer"] = [jnp.asarray(p) for p in params]
-    blobs, _ = model.apply(init, state, inputs, rng)
+    blobs, _ = jitted.forward(model, init, state, inputs, rng)
     return model, blobs
 
 
@@ -57,7 +58,9 @@ def apply(model, inputs, params=None, state=None):
     """Forward: (blobs, new state)."""
     p0, s0 = model.init(0)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    return model.apply(p0 if params is None else params, s0 if state is None else state, inputs)
+    return jitted.forward(
+        model, p0 if params is None else params, s0 if state is None else state, inputs
+    )
 
 
 def grads(model, inputs, top, cotangent=1.0, params=None):
@@ -68,10 +71,9 @@ def grads(model, inputs, top, cotangent=1.0, params=None):
     def f(x):
         return model.apply(params, s0, x)[0][top]
 
-    value, vjp = jax.vjp(f, {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()})
-    return np.asarray(value), {
-        k: np.asarray(v) for k, v in vjp(jnp.asarray(cotangent, value.dtype))[0].items()
-    }
+    x = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
+    value, (grad,) = jitted.vjp(f, [x], cotangent)
+    return np.asarray(value), {k: np.asarray(v) for k, v in grad.items()}
 
 
 def loss_layer(type_name: str, params: str, inputs: dict, tops=("loss",)):
@@ -91,7 +93,7 @@ def forward(model, inputs, params=None, rng=None):
     if params is None:
         params, _ = model.init(0)
     _, state = model.init(0)
-    blobs, _ = model.apply(params, state, inputs, rng)
+    blobs, _ = jitted.forward(model, params, state, inputs, rng)
     return blobs
 
 
@@ -104,5 +106,5 @@ def input_grad(model, inputs, top, cotangent, params=None, rng=None):
     def f(inputs):
         return model.apply(params, state, inputs, rng)[0][top]
 
-    _, vjp = jax.vjp(f, {k: jnp.asarray(v) for k, v in inputs.items()})
-    return vjp(jnp.asarray(cotangent, jnp.float32))[0]
+    _, (grad,) = jitted.vjp(f, [{k: jnp.asarray(v) for k, v in inputs.items()}], cotangent)
+    return grad

@@ -1,5 +1,6 @@
-"""Run one prototxt in caffe2jax and in OpenCV dnn (cv2.dnn.readNetFromCaffe) with the same
-weights: caffe2jax's initial weights written as a .caffemodel that OpenCV loads."""
+"""Run one prototxt in caffe2jax (under jax.jit, the path users run) and in OpenCV dnn
+(cv2.dnn.readNetFromCaffe) with the same weights: caffe2jax's initial weights written as a
+.caffemodel that OpenCV loads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 
 import caffe2jax
 from caffe2jax.runtime.formats.weights import save_weights
+from tests import jitted
 
 
 def both(tmp_path, text: str, inputs: dict, outputs: list[str], phase="TEST", seed=0, cv_text=None):
@@ -19,7 +21,7 @@ def both(tmp_path, text: str, inputs: dict, outputs: list[str], phase="TEST", se
     model = caffe2jax.compile(proto, phase=phase)
     params, state = model.init(seed)
     weights = save_weights(tmp_path / "net.caffemodel", model, params, state)
-    blobs = model.apply(params, state, {k: np.asarray(v) for k, v in inputs.items()})[0]
+    blobs = jitted.forward(model, params, state, {k: np.asarray(v) for k, v in inputs.items()})[0]
     if cv_text is None:
         net = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
     else:
@@ -61,9 +63,10 @@ def check_fd(
         params, state = model.init(0)
         xs = {k: np.asarray(v, np.float64) for k, v in inputs.items() if k not in fixed}
         const = {k: np.asarray(v, np.float64) for k, v in inputs.items() if k in fixed}
-        shape = model.apply(params, state, {**xs, **const})[0][top].shape
+        shape = jitted.forward(model, params, state, {**xs, **const})[0][top].shape
         w = np.random.default_rng(7).normal(size=shape)
 
+        @jax.jit  # the compiled path: reverse mode of the jitted forward, as users train
         def f(x, p):
             return (model.apply(p, state, {**x, **const})[0][top] * w).sum()
 

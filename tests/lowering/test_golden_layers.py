@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
+from tests import jitted
 from tests.golden import GOLDEN, load_npz, require
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -101,7 +102,13 @@ def test_layer_case(case):
         blobs, new_state = model.apply(params, state, inputs, rng)
         return [blobs[t] for t in tops], new_state
 
-    outs, vjp, new_state = jax.vjp(forward, params, inputs, has_aux=True)
+    # the path users run: the forward under jax.jit, Caffe's backward as the compiled train
+    # step takes it (tests/jitted.py)
+    outs, new_state = jax.jit(forward)(params, inputs)
+
+    def vjp(cotangents):
+        return jitted.vjp(lambda p, x: forward(p, x)[0], [params, inputs], cotangents)[1]
+
     tol = 1e-4 if meta["type"] in REDUCTION_TYPES else 1e-5
     dropout_train = meta["type"] == "Dropout" and meta["phase"] == "TRAIN"
 
@@ -199,5 +206,5 @@ def test_caffe_aborted_case(case):
     model = caffe2jax.compile(text, phase="TEST")
     params, state = model.init(0)
     inputs = {n: np.ones(s, np.float32) for n, s in model.inputs.items()}
-    blobs, _ = model.apply(params, state, inputs, jax.random.key(0))
+    blobs, _ = jitted.forward(model, params, state, inputs, jax.random.key(0))
     _expect_aborted(case, blobs)

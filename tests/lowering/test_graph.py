@@ -231,3 +231,42 @@ def test_context_carries_the_engine_and_nothing_dead():
     ctx = Context("TEST", None)
     assert ctx.engine is None
     assert not hasattr(ctx, "state") and not hasattr(ctx, "bottom_types")
+
+
+SUM = (
+    'layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 2 dim: 3 } '
+    "shape { dim: 2 dim: 3 } } }\nlayer {\n  name: 'sum'\n  type: 'Eltwise'\n"
+    "  bottom: 'a' bottom: 'b' top: 'y'\n}\n"
+)
+
+
+def test_a_shape_error_inside_a_layer_is_a_net_error_naming_file_line_layer_and_shapes(
+    tmp_path, monkeypatch
+):
+    """A jax broadcast error inside a built-in layer — in shape inference, or in a run of a net
+    whose shapes were inferred (a channels-last form, an engine) — fails as a NetError with
+    file:line, the layer, its type, its bottoms' shapes and jax's complaint."""
+    from caffe2jax.lowering.registry import lowering_of
+
+    eltwise = lowering_of("Eltwise")
+    plain, calls = eltwise.fn, []
+
+    def misfit(layer, params, bottoms, ctx):
+        calls.append(1)
+        if len(calls) == 1:  # shape inference fits
+            return plain(layer, params, bottoms, ctx)
+        return [bottoms[0] + bottoms[1][:, :2]]
+
+    monkeypatch.setattr(eltwise, "fn", misfit)
+    path = tmp_path / "net.prototxt"
+    path.write_text(SUM)
+    model = caffe2jax.compile(str(path))
+    where = rf"^{path}:3: layer 'sum' \(type Eltwise\): "
+    shapes = r"cannot apply to bottom\(s\) 'a' \[2, 3\], 'b' \[2, 3\]: .*broadcast"
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(NetError, match=where + shapes):
+        jax.jit(lambda a, b: model.apply({}, {}, {"a": a, "b": b})[0]["y"])(x, x)
+    calls.clear()
+    calls.append(1)  # now shape inference itself meets the misfit
+    with pytest.raises(NetError, match=where + shapes):
+        caffe2jax.compile(str(path))

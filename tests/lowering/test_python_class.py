@@ -14,6 +14,7 @@ import caffe2jax as caffe
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.python_class import user_errors
+from tests import jitted
 
 _names = itertools.count()
 
@@ -195,7 +196,7 @@ def test_param_str_phase_blobs_and_their_gradient(user_module):
     x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
 
     def out(params, x):
-        return model.apply(params, state, {"x": x})[0]["y"]
+        return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
     y, vjp = jax.vjp(out, params, x)
     dy = np.ones((4, 3), np.float32)
@@ -271,12 +272,12 @@ def test_user_exceptions_keep_their_type_and_message(user_module):
         caffe.Net(raising_net(module, "setup"), caffe.TEST)  # at build time: raised as is
     model = compile_net(raising_net(module, "forward"))
     params, state = model.init(0)
-    apply = jax.jit(lambda x: model.apply(params, state, {"x": x})[0]["y"])
+    apply = jax.jit(lambda x: jitted.forward(model, params, state, {"x": x})[0]["y"])
     # a GPU returns from the call before running it: the error comes with the result
     with pytest.raises(problem, match="forward failed on purpose"), user_errors():
         jax.block_until_ready(apply(np.ones((4, 3), np.float32)))
     model = compile_net(raising_net(module, "backward"))
-    grad = jax.jit(jax.grad(lambda x: model.apply(params, state, {"x": x})[0]["y"].sum()))
+    grad = jax.jit(jax.grad(lambda x: jitted.forward(model, params, state, {"x": x})[0]["y"].sum()))
     with pytest.raises(KeyError, match="backward lost its key"), user_errors():
         jax.block_until_ready(grad(np.ones((4, 3), np.float32)))
 
@@ -289,7 +290,7 @@ def test_top_shape_changing_after_compile_is_refused(user_module):
         pytest.raises(NetError, match="Python layer 'bad': reshape gave top shapes"),
         user_errors(),
     ):
-        apply = jax.jit(lambda x: model.apply(params, state, {"x": x})[0]["y"])
+        apply = jax.jit(lambda x: jitted.forward(model, params, state, {"x": x})[0]["y"])
         jax.block_until_ready(apply(np.ones((4, 3), "f4")))
 
 

@@ -16,6 +16,7 @@ from caffe2jax.lowering.python_layer import (
     unregister_python_layer,
 )
 from caffe2jax.lowering.registry import ParamDecl
+from tests import jitted
 
 MODULE = "caffe2jax_test_layers"
 
@@ -55,7 +56,7 @@ def run_vjp(model, params, x, dy, rng=None):
     state = {}
 
     def forward(params, x):
-        return model.apply(params, state, {"x": x}, rng)[0]["y"]
+        return jitted.forward(model, params, state, {"x": x}, rng)[0]["y"]
 
     y, vjp = jax.vjp(forward, params, jnp.asarray(x))
     dparams, dx = vjp(jnp.asarray(dy))
@@ -85,7 +86,9 @@ def test_param_str_reaches_forward(registry):
     model = compile_net(net_text("Scale", param_str="2.5"))
     params, state = model.init(0)
     x = x_value()
-    np.testing.assert_allclose(model.apply(params, state, {"x": x})[0]["y"], 2.5 * x, rtol=1e-6)
+    np.testing.assert_allclose(
+        jitted.forward(model, params, state, {"x": x})[0]["y"], 2.5 * x, rtol=1e-6
+    )
 
 
 def test_hand_written_backward_is_what_gradients_use(registry):
@@ -168,9 +171,9 @@ def test_context_gives_phase_and_key(registry):
 
     x = x_value()
     test_model = compile_net(net_text("Noise"), phase="TEST")
-    np.testing.assert_array_equal(test_model.apply({}, {}, {"x": x})[0]["y"], x)
+    np.testing.assert_array_equal(jitted.forward(test_model, {}, {}, {"x": x})[0]["y"], x)
     train_model = compile_net(net_text("Noise"), phase="TRAIN")
-    y = train_model.apply({}, {}, {"x": x}, jax.random.key(1))[0]["y"]
+    y = jitted.forward(train_model, {}, {}, {"x": x}, jax.random.key(1))[0]["y"]
     assert not np.allclose(y, x)
 
 
@@ -181,7 +184,7 @@ def test_several_tops(registry):
 
     model = compile_net(net_text("PlusMinus", tops=("a", "b")))
     x = x_value()
-    blobs, _ = model.apply({}, {}, {"x": x})
+    blobs, _ = jitted.forward(model, {}, {}, {"x": x})
     np.testing.assert_allclose(blobs["a"], x + 1)
     np.testing.assert_allclose(blobs["b"], x - 1)
 

@@ -12,6 +12,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import DataError, NetError
+from tests import jitted
 from tests.golden import GOLDEN, load_npz, require
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -228,7 +229,7 @@ def test_backward_uses_the_state_its_forward_ran_with():
     model = net.model
 
     def h(p, x):
-        return model.apply(p, carried, {"x": x, "cont": cont})[0]["h"]
+        return jitted.forward(model, p, carried, {"x": x, "cont": cont})[0]["h"]
 
     _, vjp = jax.vjp(h, params, jax.numpy.asarray(x2))
     grad_params, grad_x = vjp(jax.numpy.asarray(dy))

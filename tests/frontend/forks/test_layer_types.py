@@ -42,7 +42,8 @@ def test_unknown_v1_type_names_the_forks_read():
         ('type: "DenseCRF" dense_crf_param { max_iter: 5 }',
          "the DenseCRF layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2); also in PSPNet"),
         ('type: "VoxelCustomLoss"', "a training layer of C3D v1.0 (facebook/C3D@71336a2"),
-        ('type: "MatRead"', "a training layer of DeepLab v2 (DrSleep/deeplab-public-ver2@a11f8a2)"),
+        ('type: "MatRead"',
+         "a reader of input blobs from MATLAB .mat files of DeepLab v2 (DrSleep/deeplab-public"),
         ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
         ('type: "DomainTransform"', "the DomainTransform layer of DeepLab v2"),
         ('type: "UniqueLabel"', "the UniqueLabel layer of DeepLab v2"),
@@ -69,3 +70,74 @@ def test_forms_narrow_the_fork_named():
     assert "of SegNet" in unsupported_fork_type("Upsample", "max_unpool")
     assert "of darknet2caffe" in unsupported_fork_type("Upsample", "nearest")
     assert "SmoothL1Loss layer of SSD" in unsupported_fork_type("SmoothL1Loss", "ssd")
+
+
+@pytest.mark.parametrize(
+    ("layer", "field"),
+    [
+        ('type: "Transpose" transpose_param { dim: 0 }', "transpose_param"),
+        ('type: "CenterLoss" center_loss_param { num_output: 2 }', "center_loss_param"),
+        ('type: "DenseCRF" dense_crf_param { max_iterr: 5 }', "max_iterr"),
+    ],
+)
+def test_an_unknown_field_of_an_unsupported_type_says_the_type_first(layer, field):
+    """The type is what stops the net; its field is named after it, with no suggestion."""
+    text = INPUT + f'layer {{ name: "f" bottom: "x" top: "y" {layer} }}'
+    with pytest.raises(PrototxtError) as err:
+        caffe2jax.compile(text)
+    message = str(err.value)
+    kind = layer.split('"')[1]
+    assert message.startswith("<string>:2:") and f": layer 'f' (type {kind}): " in message
+    assert message.index(kind) < message.index(field)
+    assert f"its field '{field}' is unknown too" in message and "did you mean" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('layer { name: "n" type: "Normalize" normalize_param { across_spatial: false } }',
+         "layer 'n' (type Normalize): unknown layer parameter or field 'normalize_param'"),
+        ('layer { name: "c" type: "Convolution" convolution_param { num_ouput: 1 } }',
+         "layer 'c' (type Convolution): unknown field 'num_ouput' in ConvolutionParameter (did "
+         "you mean 'num_output'?)"),
+        ('layers { name: "m" type: MAT_WRITE mat_write_param { prefx: "a" } }',
+         "layer 'm' (type MAT_WRITE): unknown field 'prefx' in MatWriteParameter (did you mean "
+         "'prefix'?)"),
+        ('layer {\n  name: "p" type: "Pooling"\n  pooling_param { pool: MAXX }\n}',
+         "<string>:3:25: layer 'p' (type Pooling): "),
+    ],
+)  # fmt: skip
+def test_every_field_error_names_its_layer(text, expected):
+    with pytest.raises(PrototxtError) as err:
+        read_net(text)
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "suggestion"),
+    [
+        ("transpose_param", None),  # Transpose's own parameter, not a misspelt transform_param
+        ("normalize_param", None),  # another fork's Normalize, not SSD's norm_param
+        ("center_loss_param", None),  # caffe-face's CenterLoss, not ctc_loss_param
+        ("convolution_parm", "convolution_param"),
+        ("convolutoin_param", "convolution_param"),
+        ("Pooling_Param", "pooling_param"),
+        ("lr_mul", None),  # lr_mult lives in ParamSpec, not LayerParameter
+    ],
+)
+def test_did_you_mean_only_for_the_same_field_misspelt(field, suggestion):
+    with pytest.raises(PrototxtError) as err:
+        read_net(f'layer {{ name: "l" type: "Convolution" {field} {{ }} }}')
+    message = str(err.value)
+    if suggestion is None:
+        assert "did you mean" not in message
+    else:
+        assert f"(did you mean '{suggestion}'?)" in message
+
+
+def test_a_misspelt_type_gets_a_suggestion_and_a_different_one_does_not():
+    with pytest.raises(NetError, match=r"unsupported type 'Convolutoin' \(did you mean "):
+        caffe2jax.compile(INPUT + 'layer { name: "f" type: "Convolutoin" bottom: "x" top: "y" }')
+    with pytest.raises(NetError) as err:
+        caffe2jax.compile(INPUT + 'layer { name: "f" type: "CenterLoss" bottom: "x" top: "y" }')
+    assert "did you mean" not in str(err.value)

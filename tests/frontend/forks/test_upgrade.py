@@ -141,6 +141,7 @@ def test_yolo_upsample_default_scale_is_written_out():
 
 def test_template_variables():
     text = 'layer { name: "c" type: "Convolution" convolution_param { num_output: ${N} } }'
-    with pytest.raises(PrototxtError, match=r"1:\d+: template variable \$\{N\}.*--define N="):
+    where = r"1:\d+: layer 'c' \(type Convolution\): "
+    with pytest.raises(PrototxtError, match=where + r"template variable \$\{N\}.*--define N="):
         read_net(text)
     assert read_net(text, defines={"N": 5}).layer[0].convolution_param.num_output == 5

@@ -14,6 +14,7 @@ import pytest
 from caffe2jax.lowering.engines import conv_forms
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.layers.test_vision import conv_ref
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -42,7 +43,7 @@ layer {{ name: "r" type: "ReLU" bottom: "y" top: "y" }}
         params, state = model.init(0)
 
         def f(params, x, model=model, state=state):
-            return model.apply(params, state, {"x": x})[0]["y"]
+            return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
         jaxpr = str(jax.make_jaxpr(f)(params, x))
         uses_conv = "conv_general_dilated" in jaxpr

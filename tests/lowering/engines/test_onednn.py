@@ -25,6 +25,7 @@ from caffe2jax.lowering.engines import onednn, policy
 from caffe2jax.lowering.engines.policy import ConvShape, EnginePolicy, PolicyError
 from caffe2jax.lowering.model import Model
 from caffe2jax.runtime.formats.weights import load_weights
+from tests import jitted
 from tests.golden import GOLDEN, load_npz, require
 from tests.lowering.test_golden_layers import rel_err
 from tests.lowering.test_layout import GOLDEN_NETS, _data_shape, close, golden_inputs
@@ -80,7 +81,7 @@ def test_golden_convolution_case(case):
     for on, model in models.items():
 
         def forward(params, inputs, model=model):
-            blobs, _ = model.apply(params, state, inputs, jax.random.key(0))
+            blobs, _ = jitted.forward(model, params, state, inputs, jax.random.key(0))
             return [blobs[t] for t in tops]
 
         two_d = len(next(iter(inputs.values())).shape) == 4
@@ -229,7 +230,7 @@ def test_net_under_the_size_rule_routes_by_size(monkeypatch):
         model = compile_net(quick, "TEST", input_shapes={"data": (batch, 3, 32, 32)})
         params, state = model.init(0)
         x = np.zeros((batch, 3, 32, 32), np.float32)
-        apply = jax.jit(lambda p, v, m=model, s=state: m.apply(p, s, {"data": v})[0])
+        apply = jax.jit(lambda p, v, m=model, s=state: jitted.forward(m, p, s, {"data": v})[0])
         text = apply.lower(params, x).as_text()
         assert text.count("caffe2jax_onednn_fwd") == expected, batch
 
@@ -288,7 +289,7 @@ layer { name: "c" type: "Convolution" bottom: "x" top: "y"
         params["c"] = [w, np.zeros(4, np.float32)]
 
         def f(x, model=model, params=params, state=state):
-            return model.apply(params, state, {"x": x})[0]["y"]
+            return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
         if setting == "onednn-all":
             with pytest.raises(TypeError, match="custom_vjp"):

@@ -15,6 +15,7 @@ import caffe2jax
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.layers import pooling
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.golden import GOLDEN, load_npz, require
 from tests.lowering.layers.test_pooling import (
     caffe_ave_pool,
@@ -125,7 +126,7 @@ def test_golden_pooling_case_in_each_form(case, setting):
     tops = [t["name"] for t in meta["tops"]]
 
     def forward(inputs):
-        blobs, _ = model.apply(params, state, inputs, jax.random.key(0))
+        blobs, _ = jitted.forward(model, params, state, inputs, jax.random.key(0))
         return [blobs[t] for t in tops]
 
     outs, vjp = jax.vjp(forward, inputs)

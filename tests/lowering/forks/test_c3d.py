@@ -15,6 +15,7 @@ import pytest
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.formats.weights import load_weights
+from tests import jitted
 from tests.forks import bvlc_blob, c3d_blob, ld, s, v1_layer, v2_layer
 from tests.lowering.nets import net_text, rel, run
 
@@ -156,7 +157,7 @@ def test_max_pool3d_backward_sends_the_diff_to_every_tied_maximum(k, kd, st, ts)
     params, state = model.init(0)
 
     def f(x):
-        return model.apply(params, state, {"x": x})[0]["y"]
+        return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
     y, vjp = jax.vjp(f, jnp.asarray(x))
     (dx,) = vjp(jnp.asarray(dy))
@@ -179,7 +180,8 @@ def _fd_check(layer_text: str, shape, seed: int) -> None:
             blobs = model.apply({**params, "layer": list(args[1:])}, state, {"x": args[0]})[0]
             return jnp.sum(blobs["y"] * r)
 
-        grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
+        # the compiled train step's path: the gradient taken under jax.jit
+        grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
         for j, (value, grad) in enumerate(zip(args, grads)):
             for index in rng.choice(value.size, size=min(12, value.size), replace=False):
                 e = np.zeros(value.size)
@@ -264,7 +266,7 @@ def test_c3d_v10_net_loads_5d_weights_and_runs(tmp_path):
     np.testing.assert_array_equal(np.asarray(params["conv1a"][0]), w)
     np.testing.assert_array_equal(np.asarray(params["conv1a"][1]).ravel(), b)
     x = RNG.standard_normal((1, 2, 3, 4, 4)).astype(np.float32)
-    out, _ = model.apply(params, state, {"data": x})
+    out, _ = jitted.forward(model, params, state, {"data": x})
     conv = conv3d_loops(x.astype(np.float64), w, b, (1, 1), (1, 1))
     want = pool3d_loops(conv, "MAX", 2, 1, 2, 1, 0)
     assert rel(out["pool1"], want) < 1e-6

@@ -13,6 +13,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import net, ours
 
 
@@ -97,7 +98,7 @@ def test_ctc_loss_diff_is_n_times_the_gradient_of_the_top():
 
         @jax.jit
         def top(x):
-            return model.apply(params, state, {"x": x, "label": label})[0]["loss"]
+            return jitted.forward(model, params, state, {"x": x, "label": label})[0]["loss"]
 
         grad = np.asarray(jax.grad(top)(jnp.asarray(x0)))
         fd, eps = np.zeros_like(x0), 1e-6

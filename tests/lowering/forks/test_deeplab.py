@@ -10,6 +10,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 
 
@@ -114,7 +115,7 @@ def _run(text: str, weights: list, phase: str = "TEST", x=X):
     blobs = [np.asarray(w, np.float32) for w in weights]
     params["bn"] = [None if d.state else b for b, d in zip(blobs, decls)]
     state["bn"] = [b if d.state else None for b, d in zip(blobs, decls)]
-    out, new_state = model.apply(params, state, {"x": x}, jax.random.key(0))
+    out, new_state = jitted.forward(model, params, state, {"x": x}, jax.random.key(0))
     return {k: np.asarray(v) for k, v in out.items()}, new_state
 
 

@@ -15,6 +15,7 @@ import caffe2jax
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.runtime.formats.weights import save_weights
+from tests import jitted
 from tests.forks import FORK_MODELS, manifest
 
 DETECTION_LAYERS = {
@@ -83,7 +84,7 @@ def test_detector_forwards_with_random_weights(name, side):
     inputs = {"data": rng.uniform(-1, 1, shapes["data"]).astype(np.float32)}
     if "im_info" in model.inputs:
         inputs["im_info"] = np.reshape([side, side, 1.0], model.inputs["im_info"]).astype("f4")
-    blobs = model.apply(params, state, inputs)[0]
+    blobs = jitted.forward(model, params, state, inputs)[0]
     used = {layer.type for layer in model.net.layers} & DETECTION_LAYERS
     assert used, name
     for out in model.outputs:
@@ -106,7 +107,7 @@ def test_mobilenet_ssd_test_net_matches_opencv(tmp_path):
     params, state = _random(model)
     weights = save_weights(tmp_path / "ssd.caffemodel", model, params, state)
     x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 300, 300)).astype(np.float32)
-    ours = np.asarray(model.apply(params, state, {"data": x})[0]["detection_out"])[0, 0]
+    ours = np.asarray(jitted.forward(model, params, state, {"data": x})[0]["detection_out"])[0, 0]
     net = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
     net.setInput(x)
     theirs = net.forward()[0, 0]

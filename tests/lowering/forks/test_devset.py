@@ -15,6 +15,7 @@ import pytest
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.parse import read_net
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.forks import FORK_MODELS
 
 #: deploy nets whose every layer this branch or BVLC lowers, and the fork types they use
@@ -109,7 +110,7 @@ def test_forward_with_random_weights_is_finite(name):
     }
     if "label" in feed:
         feed["label"] = jnp.asarray(rng.integers(0, 11, model.graph.inputs["label"]), jnp.float32)
-    blobs, _ = model.apply(params, _sane_state(state), feed, jax.random.key(0))
+    blobs, _ = jitted.forward(model, params, _sane_state(state), feed, jax.random.key(0))
     for layer in model.net.layers[-2:]:
         for top in layer.top_names:
             assert bool(jnp.all(jnp.isfinite(blobs[top]))), (name, layer.name)

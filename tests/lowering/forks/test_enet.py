@@ -13,6 +13,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import fd_check, net, ours
 
 RNG = np.random.default_rng(0)
@@ -30,7 +31,7 @@ def _grad(text: str, x, phase: str = "TEST", rng=None) -> np.ndarray:
     p, s = model.init(0)
 
     def f(x):
-        return jnp.sum(model.apply(p, s, {"x": x}, rng)[0]["y"])
+        return jnp.sum(jitted.forward(model, p, s, {"x": x}, rng)[0]["y"])
 
     return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)))
 

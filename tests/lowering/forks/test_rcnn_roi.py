@@ -3,11 +3,16 @@ parity, hand-worked rounding and empty bins, float64 finite-difference gradients
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering.forks.rcnn_roi import psroi_bins
+from tests import jitted
+from tests.lowering import roi_loops
 from tests.lowering.opencv_parity import both, check_fd, input_layer, rel_to_max
 
 
@@ -64,7 +69,7 @@ def test_psroi_pooling_matches_opencv(tmp_path, shape, param):
 
 def _run(kind, x, rois, param):
     model = caffe2jax.compile(_text(kind, x.shape, rois.shape, param))
-    return np.asarray(model.apply({}, {}, {"x": x, "rois": rois})[0]["y"])
+    return np.asarray(jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"])
 
 
 def test_roi_pooling_by_hand_rounds_halves_away_and_empty_bins_are_zero():
@@ -105,3 +110,173 @@ def test_psroi_pooling_refuses_wrong_channel_count():
     with pytest.raises(NetError, match="output_dim"):
         caffe2jax.compile(_text("PSROIPooling", (1, 10, 4, 4), (1, 5), "output_dim: 2 "
                                 "group_size: 2 spatial_scale: 1"))  # fmt: skip
+
+
+# --- the forks' own loops (tests/lowering/roi_loops.py), jitted as users run the layer ------
+
+W_MAP = 80  # a map wide enough for every roi of the sweep and its float-rounded last bin
+
+
+def _encoded(channels=2):
+    """(1, 2, 80, 80): h·W + w + 1 and its negative, so a bin's max names its last and first
+    cell exactly; an empty bin (0) is told apart from every real one."""
+    cell = np.arange(W_MAP * W_MAP, dtype=np.float32).reshape(W_MAP, W_MAP) + 1
+    return np.stack([cell, -cell])[None]
+
+
+def _sweep_rois(scale: float, rng) -> np.ndarray:
+    """Rois of every integer size 1–64 rows (and 65 − size columns) in feature cells, written
+    in image pixels with fractional offsets that round to the same cell (halves included);
+    then rois touching and crossing the map's edges."""
+    s = np.arange(1, 65)
+    start_h, start_w = s % 16, (s * 7) % 16
+    cells = np.stack([start_w, start_h, start_w + 64 - s, start_h + s - 1], 1).astype(np.float64)
+    jitter = rng.uniform(-0.49, 0.49, cells.shape)
+    jitter[::9] = 0.5 * np.sign(jitter[::9])  # exact halves: C's round goes away from zero
+    inside = (cells + jitter) / scale
+    edges = np.array([[-3, -2, 10, 5], [70, 75, 79, 79], [-20, 60, 85, 90], [0, 0, 79, 79],
+                      [78, -5, 95, 2], [40, 40, 30, 35]], np.float64) / scale  # fmt: skip
+    boxes = np.concatenate([inside, edges]).astype(np.float32)
+    return np.concatenate([np.zeros((len(boxes), 1), np.float32), boxes], 1)
+
+
+def _expected_encoded(rois, pooled_h, pooled_w, scale):
+    """The encoded map's top under the fork's bins (roi_loops.roi_bins)."""
+    x1, y1, x2, y2 = np.array([roi_loops.roi_corners(roi, scale) for roi in rois]).T
+    hs, he, _ = roi_loops.roi_bins(y1, y2, pooled_h, W_MAP)
+    ws, we, _ = roi_loops.roi_bins(x1, x2, pooled_w, W_MAP)
+    hs, he, ws, we = hs[:, :, None], he[:, :, None], ws[:, None], we[:, None]
+    full = (he > hs) & (we > ws)
+    last = np.where(full, (he - 1) * W_MAP + we, 0)
+    first = np.where(full, -(hs * W_MAP + ws + 1), 0)
+    return np.stack([last, first], 1).astype(np.float32)
+
+
+def _roi_net(x_shape, r_shapes, layers) -> str:
+    """Input (x and each rois blob) → one ROIPooling layer per (name, rois blob, pooled_h,
+    pooled_w, scale)."""
+    text = "force_backward: true\n" + input_layer({"x": x_shape, **r_shapes})
+    for name, rois, ph, pw, scale in layers:
+        text += (f'layer {{ name: "{name}" type: "ROIPooling" bottom: "x" bottom: "{rois}" '
+                 f'top: "{name}" roi_pooling_param {{ pooled_h: {ph} pooled_w: {pw} '
+                 f"spatial_scale: {scale!r} }} }}\n")  # fmt: skip
+    return text
+
+
+def test_roi_pooling_bins_equal_the_forks_for_every_size_and_pooled_size_jitted():
+    """Every integer roi size 1–64 against pooled sizes 1–14 at spatial scales 1/16 and 1/32,
+    and rois crossing the edges, through the compiled net under jax.jit: 0 bins differ from
+    the fork's. Rois have heights 1–64 and widths 64–1; at 1/16 pooled_h = p, pooled_w = 15 − p
+    (p = 1–7), at 1/32 the other way round, so each scale meets every pooled size 1–14."""
+    x = _encoded()
+    rois = {f"r{d}": _sweep_rois(1 / d, np.random.default_rng(d)) for d in (16, 32)}
+    layers = [(f"a{p}", "r16", p, 15 - p, 1 / 16) for p in range(1, 8)]
+    layers += [(f"b{p}", "r32", 15 - p, p, 1 / 32) for p in range(1, 8)]
+    model = caffe2jax.compile(_roi_net(x.shape, {k: v.shape for k, v in rois.items()}, layers))
+    blobs = jitted.forward(model, {}, {}, {"x": x, **rois})[0]
+    for name, r, ph, pw, scale in layers:
+        want = _expected_encoded(rois[r], ph, pw, scale)
+        bad = np.argwhere((np.asarray(blobs[name]) != want).any(1))
+        assert len(bad) == 0, f"{name}: {len(bad)} bins differ, first (roi, ph, pw) {bad[:3]}"
+
+
+def test_roi_pooling_7x7_jitted_and_eager_equal_the_forks_loop():
+    """The 7×7 head of every Faster R-CNN: forward of the fork's loop on integer rois of
+    every size 1–64 (and edge rois), random data with ties, jitted and eager: equal."""
+    rng = np.random.default_rng(7)
+    rois = _sweep_rois(1 / 16, rng)
+    x = np.round(rng.normal(size=(1, 3, W_MAP, W_MAP)), 1).astype(np.float32)  # ties
+    layers = [("y", "rois", 7, 7, 1 / 16)]
+    model = caffe2jax.compile(_roi_net(x.shape, {"rois": rois.shape}, layers))
+    want, _ = roi_loops.roi_pool_forward(x, rois, 7, 7, 1 / 16)
+    on_jit = jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"]
+    # eager on purpose: the layer must give the fork's bins on both paths
+    eager = model.apply({}, {}, {"x": x, "rois": rois})[0]["y"]
+    np.testing.assert_array_equal(np.asarray(on_jit), want)
+    np.testing.assert_array_equal(np.asarray(eager), want)
+
+
+ROI_BACKWARD = [  # (pooled_h, pooled_w, scale, roi rows in feature cells)
+    # 7 bins of a 57-row roi: the fork's last bin ends at 57.000004 → one row past the roi, and
+    # the encoded map puts the max there: the fork drops that diff
+    (7, 7, 1 / 16, [[2, 3, 40, 59], [5, 1, 61, 57], [40, 20, 79, 79]]),
+    # 22 bins of a 58-row roi: the feasible set misses bin 10 for row 29, 11 for row 62…
+    (22, 3, 1 / 32, [[1, 0, 5, 57], [0, 10, 40, 67]]),
+    # malformed (x2 < x1: forced to 1×1 forward, no diff back) and edge-crossing rois
+    (3, 4, 1 / 16, [[10, 10, 5, 12], [-4, -6, 6, 9], [70, 72, 90, 95]]),
+]
+
+
+@pytest.mark.parametrize(("ph", "pw", "scale", "cells"), ROI_BACKWARD)
+def test_roi_pooling_backward_is_the_forks_argmax_routing_in_value_and_grad(ph, pw, scale, cells):
+    """jax.value_and_grad of a loss over the layer, jitted: the bottom diff equals the
+    fork's ROIPoolBackward loop (first maximum on ties, in-roi and feasible-set tests)."""
+    rng = np.random.default_rng(ph)
+    tie = np.round(rng.normal(size=(1, 2, W_MAP, W_MAP)), 0).astype(np.float32)
+    x = np.concatenate([_encoded(), tie, np.maximum(tie, 0)], 1)  # increasing, ties, ReLU zeros
+    boxes = np.asarray(cells, np.float32) / np.float32(scale)
+    rois = np.concatenate([np.zeros((len(boxes), 1), np.float32), boxes], 1)
+    layers = [("y", "rois", ph, pw, scale)]
+    model = caffe2jax.compile(_roi_net(x.shape, {"rois": rois.shape}, layers))
+    g = rng.normal(size=(len(rois), x.shape[1], ph, pw)).astype(np.float32)
+
+    def loss(x):
+        return jnp.sum(jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"] * g)
+
+    value, dx = jax.jit(jax.value_and_grad(loss))(x)
+    top, arg = roi_loops.roi_pool_forward(x, rois, ph, pw, scale)
+    want = roi_loops.roi_pool_backward(x.shape, rois, arg, g, scale)
+    np.testing.assert_allclose(float(value), float(np.sum(top.astype(np.float64) * g)), rtol=1e-6)
+    # float32 sums of the same diffs in another order: 1 ulp of the largest sum
+    np.testing.assert_allclose(np.asarray(dx), want, rtol=0, atol=4e-6 * np.abs(want).max())
+    assert (np.asarray(dx) != 0).sum() == (want != 0).sum()
+
+
+def _psroi_text(x_shape, r_shape, dim, k, scale):
+    return "force_backward: true\n" + _text(
+        "PSROIPooling", x_shape, r_shape,
+        f"output_dim: {dim} group_size: {k} spatial_scale: {scale!r}",
+    )  # fmt: skip
+
+
+def test_psroi_pooling_bins_equal_the_forks_for_every_size_and_group_size_jitted():
+    """R-FCN's bins (psroi_bins, jitted as the layer runs it) for every roi of 1–2048 pixels
+    (1–64 cells at 1/32, 1–128 at 1/16), group sizes 1–14, fractional and edge-crossing
+    corners: 0 bins differ from the kernel's float32 expressions."""
+    rng = np.random.default_rng(3)
+    pixels = np.arange(1, 2049, dtype=np.float32)
+    x1 = rng.integers(-40, 1200, len(pixels)) + rng.uniform(-0.5, 0.5, len(pixels))
+    x1 = x1.astype(np.float32)
+    corners = np.array([roi_loops.psroi_corners([0, a, a, a + w - 1, a + w - 1], s)[::2]
+                        for s in (1 / 16, 1 / 32) for a, w in zip(x1, pixels)])  # fmt: skip
+    start, end = corners[:, 0], corners[:, 1]
+
+    @jax.jit
+    def bins(start, end):
+        return [psroi_bins(start, end, k, W_MAP) for k in range(1, 15)]
+
+    for k, (lo, hi) in enumerate(bins(start, end), 1):
+        want_lo, want_hi = roi_loops.psroi_bins(start, end, k, W_MAP)
+        assert (np.asarray(lo) != want_lo).sum() + (np.asarray(hi) != want_hi).sum() == 0, k
+
+
+@pytest.mark.parametrize(("dim", "k", "scale"), [(2, 7, 1 / 16), (3, 3, 1 / 32), (1, 14, 1 / 16)])
+def test_psroi_pooling_forward_and_even_spread_backward_equal_the_forks_loop(dim, k, scale):
+    """value_and_grad of a loss over the layer, jitted, against PSROIPoolingForward and
+    PSROIPoolingBackwardAtomic transcribed: same tops, same bottom diffs."""
+    rng = np.random.default_rng(k)
+    x = rng.normal(size=(2, dim * k * k, 30, 34)).astype(np.float32)
+    rois = _rois(rng, 12, 2, 34 / scale, 30 / scale)
+    rois[:3, 1:] = np.array([[-40, -40, 900, 900], [31.5, 16.5, 47.5, 80.5], [500, 8, 400, 7]])
+    g = rng.normal(size=(len(rois), dim, k, k)).astype(np.float32)
+    model = caffe2jax.compile(_psroi_text(x.shape, rois.shape, dim, k, scale))
+
+    def loss(x):
+        top = jitted.forward(model, {}, {}, {"x": x, "rois": rois})[0]["y"]
+        return jnp.sum(top * g), top
+
+    (_, top), dx = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    want_top, want_dx = roi_loops.psroi_pool(x, rois, dim, k, scale, g)
+    # float32 sums over a bin in another order than the kernel's running sum: a few ulps
+    np.testing.assert_allclose(np.asarray(top), want_top, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(dx), want_dx, rtol=2e-6, atol=2e-6)

@@ -12,6 +12,7 @@ import numpy as np
 from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.forks import rcnn_targets as rpn_targets
 from caffe2jax.lowering.forks.rcnn_proposal import generate_anchors
+from tests import jitted
 from tests.lowering.nets import one_layer
 
 
@@ -29,7 +30,7 @@ def _anchor_net(h, w, g, param="'feat_stride': 16 \\n'scales': !!python/tuple [1
 def _run(model, inputs, seed=0):
     params, state = model.init(0)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    return {k: np.asarray(v) for k, v in model.apply(params, state, inputs,
+    return {k: np.asarray(v) for k, v in jitted.forward(model, params, state, inputs,
                                                       jax.random.key(seed))[0].items()}  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
+from tests import jitted
 from tests.forks import FORK_MODELS
 from tests.lowering.forks.test_rcnn_targets import _np_overlaps, _np_transform
 
@@ -37,7 +38,7 @@ def _target_net(r: int, g: int, dialect: str = "rfcn", classes: int = 2) -> Mode
 def _run(model: Model, inputs: dict, seed: int = 0) -> dict:
     params, state = model.init(0)
     feed = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
-    out = model.apply(params, state, feed, jax.random.key(seed))[0]
+    out = jitted.forward(model, params, state, feed, jax.random.key(seed))[0]
     return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import fd_check, net, ours
 
 SCORES = np.array([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0], [2.0, 2.0, 2.0], [0.3, 0.1, -0.4]])
@@ -101,7 +102,7 @@ def test_smooth_l1_loss_ohem_diff_has_no_weight_factor():
     params, state = model.init(0)
 
     def loss(feed):
-        return model.apply(params, state, feed)[0]["loss"]
+        return jitted.forward(model, params, state, feed)[0]["loss"]
 
     feed = {"pred": PRED, "target": np.zeros_like(PRED), "w": WEIGHTS}
     grads = jax.grad(loss)({k: jnp.asarray(v) for k, v in feed.items()})
@@ -199,7 +200,7 @@ def test_rfcn_ohem_head_from_the_fork_prototxt():
     feed["bbox_inside_weights"] = (feed["labels"] > 0) * np.ones((300, 8, 1, 1), np.float32)
     model = compile_net(_rfcn_head(), phase="TRAIN")
     params, state = model.init(0)
-    blobs, _ = model.apply(params, state, feed)
+    blobs, _ = jitted.forward(model, params, state, feed)
     score = feed["cls_score"][:, :, 0, 0].astype(np.float64)
     logp = score - np.log(np.exp(score).sum(axis=1, keepdims=True))
     lab = feed["labels"].ravel().astype(int)

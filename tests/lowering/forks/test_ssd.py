@@ -13,6 +13,7 @@ import pytest
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import net
 from tests.lowering.opencv_parity import both, check_fd, input_layer, rel_to_max
 
@@ -46,7 +47,7 @@ def test_normalize_formula_eps_inside_the_root(across):
     model = caffe2jax.compile(text)
     params, state = model.init(0)
     assert params["y"][0].shape == ()  # the fork's 0-axis blob, constant 1
-    y = np.asarray(model.apply(params, state, {"x": X})[0]["y"])
+    y = np.asarray(jitted.forward(model, params, state, {"x": X})[0]["y"])
     x = X.astype(np.float64)
     axes = (1, 2, 3) if across else (1,)
     want = x / np.sqrt((x * x).sum(axis=axes, keepdims=True) + 0.5)
@@ -72,7 +73,7 @@ def test_permute_matches_opencv_and_appends_missing_axes(tmp_path, order):
     )
     full = list(order) + [a for a in range(4) if a not in order]
     if len(order) < 4:
-        y = caffe2jax.compile(text).apply({}, {}, {"x": X})[0]["y"]
+        y = jitted.forward(caffe2jax.compile(text), {}, {}, {"x": X})[0]["y"]
         np.testing.assert_array_equal(np.asarray(y), np.transpose(X, full))
         text = text.replace(orders, " ".join(f"order: {a}" for a in full))
     ours, theirs = both(tmp_path, text, {"x": X}, ["y"])
@@ -125,7 +126,7 @@ def test_priorbox_hand_worked_truncates_sizes_and_defaults():
     )
     model = caffe2jax.compile(text)
     inputs = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
-    pb = np.asarray(model.apply(*model.init(0), inputs)[0]["pb"])
+    pb = np.asarray(jitted.forward(model, *model.init(0), inputs)[0]["pb"])
     assert pb.shape == (1, 2, 12)
     cx, cy = 10.0, 5.0  # (0 + 0.5) · step, steps 20 and 10
     side = np.sqrt(8 * 18)
@@ -150,7 +151,7 @@ def test_priorbox_image_size_fields(config, img_w, img_h):
     )
     model = caffe2jax.compile(text)
     inputs = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
-    pb = np.asarray(model.apply({}, {}, inputs)[0]["pb"])[0, 0].reshape(2, 2, 4)
+    pb = np.asarray(jitted.forward(model, {}, {}, inputs)[0]["pb"])[0, 0].reshape(2, 2, 4)
     sw, sh = img_w / 2, img_h / 2
     for h in range(2):
         for w in range(2):
@@ -223,3 +224,52 @@ def test_ssd_smooth_l1_value_and_fork_backward(weighted):
     np.testing.assert_allclose(grads["target"], -diff, rtol=1e-5, atol=1e-7)
     if weighted:
         assert not np.any(grads["w"])
+
+
+def fork_prior_box(fh, fw, ih, iw, min_sizes, max_sizes, ratios, flip, offset=0.5):
+    """PriorBoxLayer::LayerSetUp and Forward_cpu (weiliu89/caffe@4817bf8) transcribed with
+    the fork's types: float ratios (1./ar stored as float), float box sides from double
+    sqrt, float centres, double coordinates stored as float."""
+    f = np.float32
+    ars = [f(1.0)]
+    for r in map(f, ratios):
+        if all(abs(float(r) - float(a)) >= 1e-6 for a in ars):
+            ars += [r] + ([f(1.0 / float(r))] if flip else [])
+    step_w, step_h = f(iw) / f(fw), f(ih) / f(fh)
+    out = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = f(f(w) + f(offset)) * step_w, f(f(h) + f(offset)) * step_h
+            for s, ms in enumerate(int(m) for m in min_sizes):
+                sides = [(f(ms), f(ms))]
+                if max_sizes:
+                    side = f(np.sqrt(float(ms * int(max_sizes[s]))))
+                    sides.append((side, side))
+                sides += [(f(ms * np.sqrt(float(a))), f(ms / np.sqrt(float(a))))
+                          for a in ars if abs(float(a) - 1.0) >= 1e-6]  # fmt: skip
+                for bw, bh in sides:
+                    for c, half, size in ((cx, bw, iw), (cy, bh, ih), (cx, -bw, iw), (cy, -bh, ih)):
+                        out.append(f((float(c) - float(half) / 2.0) / size))
+    return np.asarray(out, np.float32)
+
+
+def test_priorbox_equals_the_forks_float_types_bit_for_bit():
+    """SSD300's conv4_3 head (38×38 on 300×300, min 30, max 60, ratio 2) and a 10×10 head
+    with ratios 2 and 3: every coordinate bit for bit; the sides kept in double (as before)
+    missed the fork's float rounding in a third of them."""
+    for (fh, fw), mins, maxs, ratios in [((38, 38), [30], [60], [2]),
+                                         ((10, 10), [111], [162], [2, 3])]:  # fmt: skip
+        shapes = {"data": (1, 3, 300, 300), "feat": (1, 1, fh, fw)}
+        fields = " ".join(
+            [f"min_size: {m}" for m in mins] + [f"max_size: {m}" for m in maxs]
+            + [f"aspect_ratio: {r}" for r in ratios] + ["flip: true"]
+        )  # fmt: skip
+        text = input_layer(shapes) + (
+            'layer { name: "pb" type: "PriorBox" bottom: "feat" bottom: "data" top: "pb" '
+            f"prior_box_param {{ {fields} }} }}\n"
+        )
+        model = caffe2jax.compile(text)
+        inputs = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+        pb = np.asarray(jitted.forward(model, {}, {}, inputs)[0]["pb"])[0, 0]
+        want = fork_prior_box(fh, fw, 300, 300, mins, maxs, ratios, flip=True)
+        np.testing.assert_array_equal(pb.view(np.uint32), want.view(np.uint32))

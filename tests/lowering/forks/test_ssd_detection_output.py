@@ -9,6 +9,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from tests import jitted
 from tests.lowering.opencv_parity import both, input_layer
 
 C = 4  # classes, 0 = background
@@ -90,7 +91,7 @@ def _hand(param: str, loc, conf, prior, variance=(1, 1, 1, 1)) -> np.ndarray:
         f'top: "det" detection_output_param {{ num_classes: {c} {param} }} }}\n'
     )
     inputs = {"loc": loc.reshape(1, -1), "conf": conf.reshape(1, -1), "pb": pb}
-    return np.asarray(caffe2jax.compile(text).apply({}, {}, inputs)[0]["det"])[0, 0]
+    return np.asarray(jitted.forward(caffe2jax.compile(text), {}, {}, inputs)[0]["det"])[0, 0]
 
 
 BOXES = [[0, 0, 0.4, 0.4], [0.02, 0.02, 0.42, 0.42], [0.5, 0.5, 0.9, 0.9]]

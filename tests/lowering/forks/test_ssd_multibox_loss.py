@@ -13,6 +13,7 @@ import pytest
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.forks.ssd_multibox_loss import Settings, match_image, mine
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import net
 from tests.lowering.multibox_oracle import fork_multibox
 
@@ -59,7 +60,7 @@ def _ours(text: str, loc, conf, label=LABEL):
 
     def f(x):
         feed = {**x, "prior": jnp.asarray(PRIOR), "label": jnp.asarray(label)}
-        return model.apply(params, state, feed, jax.random.key(0))[0]["loss"]
+        return jitted.forward(model, params, state, feed, jax.random.key(0))[0]["loss"]
 
     x = {"loc": jnp.asarray(loc), "conf": jnp.asarray(conf)}
     value, vjp = jax.vjp(f, x)

@@ -9,12 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.frontend import caffe_pb2
 from caffe2jax.lowering.boxes.iou import SSD_PIXELS, iou
 from caffe2jax.lowering.forks.ssd_pixels import name_sizes, output_bbox
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.lowering.fork_nets import net
 
 PAD8, PAD7 = [-1.0] * 8, [-1.0] * 7
+FIT_LARGE = caffe_pb2.ResizeParameter.FIT_LARGE_SIZE_AND_PAD
 GT = [0.1, 0.1, 0.45, 0.5]
 DET_BOX = [0.1, 0.1, 0.5, 0.5]
 # on a 200 × 100 (w × h) image: det [20, 10, 100, 50] size 81·41 = 3321, gt [20, 10, 90, 50]
@@ -36,7 +39,7 @@ def _forward(model, state, det, label):
     params, _ = model.init(0)
     feed = {"det": jnp.asarray(det, jnp.float32).reshape(1, 1, 4, 7),
             "label": jnp.asarray(label, jnp.float32).reshape(1, 1, 3, 8)}  # fmt: skip
-    blobs, state = model.apply(params, state, feed, jax.random.key(0))
+    blobs, state = jitted.forward(model, params, state, feed, jax.random.key(0))
     return np.asarray(blobs["y"])[0, 0], state
 
 
@@ -134,3 +137,61 @@ def test_pycaffe_forwards_carry_the_counter(tmp_path):
     assert _tp(model.forward()["y"][0, 0].copy()) == [0.0, 1.0]
     assert _tp(model.forward()["y"][0, 0].copy()) == [0.0, 0.0]
     assert _tp(model.forward()["y"][0, 0].copy()) == [1.0, 0.0]  # lines 1 and 2
+
+
+def fork_output_bbox(box, hw, resize=None):
+    """OutputBBox (bbox_util.cpp) in float32: the FIT_LARGE_SIZE_AND_PAD letterbox, ClipBBox,
+    ScaleBBox and the cached +1 size (each product and quotient rounded to float)."""
+    f = np.float32
+    box = box.astype(f)
+    if resize is not None and resize[0] == FIT_LARGE:
+        _, rh, rw = (f(v) for v in resize)
+        aspect = hw[:, 1] / hw[:, 0]
+        wide = aspect > rw / rh
+        pad_h, pad_w = (rh - rw / aspect) / f(2), (rw - rh * aspect) / f(2)
+        src = np.stack([np.where(wide, f(0), pad_w / rw), np.where(wide, pad_h / rh, f(0)),
+                        np.where(wide, f(1), f(1) - pad_w / rw),
+                        np.where(wide, f(1) - pad_h / rh, f(1))], 1)  # fmt: skip
+        miss = ((box[:, 0] >= src[:, 2]) | (box[:, 2] <= src[:, 0])
+                | (box[:, 1] >= src[:, 3]) | (box[:, 3] <= src[:, 1]))  # fmt: skip
+        size = np.concatenate([src[:, 2:] - src[:, :2]] * 2, 1)
+        proj = np.clip((box - np.concatenate([src[:, :2]] * 2, 1)) / size, f(0), f(1))
+        box = np.where(miss[:, None], box, proj)
+    scale = np.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], 1)
+    out = np.clip(box, f(0), f(1)) * scale
+    w, h = out[:, 2] - out[:, 0], out[:, 3] - out[:, 1]
+    return out, np.where((w < 0) | (h < 0), f(0), (w + f(1)) * (h + f(1)))
+
+
+def fork_jaccard_pixels(a, sa, b, sb):
+    """JaccardOverlap(…, normalized=false) in float32."""
+    f = np.float32
+    ax1, ay1, ax2, ay2 = (a[:, None, i] for i in range(4))
+    bx1, by1, bx2, by2 = (b[None, :, i] for i in range(4))
+    disjoint = (bx1 > ax2) | (bx2 < ax1) | (by1 > ay2) | (by2 < ay1)
+    iw = np.where(disjoint, f(1), np.minimum(ax2, bx2) - np.maximum(ax1, bx1) + f(1))
+    ih = np.where(disjoint, f(1), np.minimum(ay2, by2) - np.maximum(ay1, by1) + f(1))
+    inter = iw * ih
+    with np.errstate(invalid="ignore", divide="ignore"):
+        overlap = inter / (sa[:, None] + sb[None, :] - inter)
+    return np.where((iw > 0) & (ih > 0), overlap, f(0)).astype(f)
+
+
+def test_pixel_boxes_and_overlaps_are_the_forks_float32_under_jit():
+    """Random normalized boxes on images of odd sizes, plain and letterboxed into 300 × 300
+    (resize_height a divisor jit would turn into a product): pixel boxes, +1 sizes and the
+    IoU that decides a true positive, bit for bit."""
+    rng = np.random.default_rng(4)
+    n = 600
+    xy = rng.random((n, 2), dtype=np.float32) * np.float32(0.7)
+    box = np.concatenate([xy, xy + rng.random((n, 2), dtype=np.float32) * np.float32(0.3)], 1)
+    hw = rng.integers(97, 1013, (n, 2)).astype(np.float32)
+    for resize in (None, (FIT_LARGE, 300.0, 300.0), (FIT_LARGE, 300.0, 512.0)):
+        out, size = jax.jit(lambda b, s, r=resize: output_bbox(b, s, r))(box, hw)
+        want_out, want_size = fork_output_bbox(box, hw, resize)
+        np.testing.assert_array_equal(np.asarray(out).view(np.uint32), want_out.view(np.uint32))
+        np.testing.assert_array_equal(np.asarray(size), want_size)
+        pairs = jax.jit(lambda a, sa, b, sb: iou(a, b, SSD_PIXELS, (sa, sb)))
+        got = pairs(out[:300], size[:300], out[300:], size[300:])
+        want = fork_jaccard_pixels(want_out[:300], want_size[:300], want_out[300:], want_size[300:])
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))

@@ -12,6 +12,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from tests import jitted
 from tests.lowering.fork_nets import channels_last_agrees, fd_check, max_rel, net, opencv, ours
 from tests.lowering.opencv_parity import both, input_layer
 
@@ -57,8 +58,8 @@ def test_reorg_is_the_forks_index_map(stride, reverse):
     if not reverse:
         shape = (2, 18, 6, 9) if stride == 3 else (2, 8, 6, 4)
     x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
-    y = np.asarray(caffe2jax.compile(_reorg_text(shape, stride, reverse)).apply({}, {}, {"x": x})
-                   [0]["y"])  # fmt: skip
+    model = caffe2jax.compile(_reorg_text(shape, stride, reverse))
+    y = np.asarray(jitted.forward(model, {}, {}, {"x": x})[0]["y"])
     np.testing.assert_array_equal(y.ravel(), _reorg_cpu(x, stride, forward=reverse))
     n, c, h, w = shape
     s2 = stride * stride
@@ -73,7 +74,7 @@ def test_reorg_backward_is_the_forks_zero_diff():
     text = "force_backward: true\n" + _reorg_text((1, 4, 2, 2))
     model = caffe2jax.compile(text)
     x = np.ones((1, 4, 2, 2), np.float32)
-    g = jax.grad(lambda v: model.apply({}, {}, {"x": v})[0]["y"].sum())(x)
+    g = jax.grad(lambda v: jitted.forward(model, {}, {}, {"x": v})[0]["y"].sum())(x)
     np.testing.assert_array_equal(g, 0)
 
 
@@ -150,7 +151,7 @@ def _v2_text(shape, thr=0.3, nms=0.45, classes=20) -> str:
 
 
 def _run(text: str, inputs: dict) -> np.ndarray:
-    return np.asarray(caffe2jax.compile(text).apply({}, {}, inputs)[0]["det"])[0, 0]
+    return np.asarray(jitted.forward(caffe2jax.compile(text), {}, {}, inputs)[0]["det"])[0, 0]
 
 
 @pytest.mark.parametrize(("seed", "thr"), [(0, 0.3), (1, 0.2), (2, 0.5)])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend.errors import NetError
+from tests import jitted
 from tests.lowering.nets import forward, input_grad, one_layer
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -65,7 +66,7 @@ def test_prelu_kink_and_slope_gradient():
     np.testing.assert_array_equal(params["layer"][0], [0.25, 0.25])  # Caffe's default filler
 
     def f(params, x):
-        return model.apply(params, state, {"x": x})[0]["y"]
+        return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
     y, vjp = jax.vjp(f, params, jnp.asarray(x))
     np.testing.assert_allclose(y, [[-0.5, 0.0], [3.0, -0.25]], rtol=1e-7)

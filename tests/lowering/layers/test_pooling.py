@@ -18,6 +18,7 @@ from caffe2jax.lowering.engines.policy import POOL_ENV, EnginePolicy, PolicyErro
 from caffe2jax.lowering.layers import pooling
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.lowering.registry import Context
+from tests import jitted
 from tests.lowering.fork_nets import max_rel, net, opencv, ours
 from tests.lowering.nets import net_text, run
 
@@ -63,7 +64,7 @@ def max_pool_ties_route_to_first_max(k, s, p, policy=None):
     params, state = model.init(0)
 
     def forward(x):
-        blobs, _ = model.apply(params, state, {"x": x})
+        blobs, _ = jitted.forward(model, params, state, {"x": x})
         return blobs["y"], blobs["mask"]
 
     (y, mask), vjp = jax.vjp(forward, jnp.asarray(x))
@@ -136,7 +137,7 @@ def test_max_pool_empty_window_is_minus_flt_max():
     params, state = model.init(0)
 
     def forward(x):
-        return model.apply(params, state, {"x": x})[0]["y"]
+        return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
     y, vjp = jax.vjp(forward, jnp.asarray(x))
     top, mask, backward = caffe_max_pool(x, (1, 1), (2, 2), (0, 0), (3, 3))
@@ -259,7 +260,7 @@ def test_forward_mode_autodiff_through_pooling_with_the_xla_form(monkeypatch):
             params, state = model.init(0)
 
             def apply(x, model=model, params=params, state=state):
-                return model.apply(params, state, {"x": x})[0]["y"]
+                return jitted.forward(model, params, state, {"x": x})[0]["y"]
 
             f[form] = apply
         with pytest.raises(TypeError, match="custom_vjp"):

@@ -11,6 +11,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -120,7 +121,9 @@ def test_long_sequence_with_resets_matches_numpy(kind, static):
     assert rel(blobs["y"], want) < 1e-5
 
     def loss(p, inp):
-        return jnp.sum(model.apply(p, state, inp)[0]["y"] * jnp.arange(T * N * D).reshape(T, N, D))
+        return jnp.sum(
+            jitted.forward(model, p, state, inp)[0]["y"] * jnp.arange(T * N * D).reshape(T, N, D)
+        )
 
     def ref_loss(p, inp):
         y = unrolled(kind, p["layer"], inp["x"], inp["cont"], inp.get("xs"))
@@ -143,10 +146,10 @@ def test_reset_isolates_sequences(kind):
     inputs = data(2)
     model = compile_net(net_text(kind, [v.shape for v in inputs.values()], ["y"]))
     params, state = model.init(0)
-    base = model.apply(params, state, inputs)[0]["y"]
+    base = jitted.forward(model, params, state, inputs)[0]["y"]
     changed = dict(inputs, x=inputs["x"].copy())
     changed["x"][:5, 0] += 3.0  # stream 0 resets at t = 5
-    after = model.apply(params, state, changed)[0]["y"]
+    after = jitted.forward(model, params, state, changed)[0]["y"]
     np.testing.assert_array_equal(np.asarray(after[5:, 0]), np.asarray(base[5:, 0]))
     assert not np.allclose(after[:5, 0], base[:5, 0])
 
@@ -171,7 +174,7 @@ def test_expose_hidden_state_flow_and_caffe_gradients(kind, static):
         )
     )
     params, state = model.init(5)
-    blobs, _ = model.apply(params, state, inputs)
+    blobs, _ = jitted.forward(model, params, state, inputs)
     want, h_t, c_t = reference(kind, params["layer"], **inputs)
     assert rel(blobs["y"], want) < 1e-5
     assert rel(blobs["hT"], h_t) < 1e-5
@@ -179,7 +182,7 @@ def test_expose_hidden_state_flow_and_caffe_gradients(kind, static):
         assert rel(blobs["cT"], c_t) < 1e-5
 
     def final_state_only(p, inp):
-        blobs = model.apply(p, state, inp)[0]
+        blobs = jitted.forward(model, p, state, inp)[0]
         return sum(jnp.sum(blobs[t]) for t in tops[1:])
 
     grads, in_grads = jax.grad(final_state_only, argnums=(0, 1))(params, inputs)
@@ -223,7 +226,7 @@ def test_lstm_unit_fractional_cont_uses_caffe_backward():
     inputs = {"c_prev": c_prev, "xg": x, "k": cont}
 
     def tops(inp):
-        blobs = model.apply(params, state, inp)[0]
+        blobs = jitted.forward(model, params, state, inp)[0]
         return blobs["c"], blobs["h"]
 
     (c, h), vjp = jax.vjp(tops, inputs)
@@ -254,14 +257,16 @@ def test_lstm_unit_forward_and_forward_mode():
     )
     params, state = model.init(0)
     inputs = {"a": c_prev, "b": x, "k": cont}
-    blobs, _ = model.apply(params, state, inputs)
+    blobs, _ = jitted.forward(model, params, state, inputs)
     i, f, o, g = np.split(x[0].astype(np.float64), 4, axis=1)
     c = cont[0][:, None] * sigmoid(f) * c_prev[0] + sigmoid(i) * np.tanh(g)
     assert rel(blobs["c"][0], c) < 1e-6
     assert rel(blobs["h"][0], sigmoid(o) * np.tanh(c)) < 1e-6
     # Forward-mode differentiation works too (the custom rule is a JVP).
     tangent = {"a": np.ones_like(c_prev), "b": np.ones_like(x), "k": np.zeros_like(cont)}
-    _, jvp_out = jax.jvp(lambda inp: model.apply(params, state, inp)[0]["h"], (inputs,), (tangent,))
+    _, jvp_out = jax.jvp(
+        lambda inp: jitted.forward(model, params, state, inp)[0]["h"], (inputs,), (tangent,)
+    )
     assert jvp_out.shape == (1, 2, 3) and np.all(np.isfinite(jvp_out))
 
 
@@ -346,7 +351,7 @@ layer { name: "indicator" type: "ContinuationIndicator" top: "cont"
 
 def test_continuation_indicator_is_zero_at_the_first_step_then_one():
     model = compile_net(CONT_NET)
-    blobs, _ = model.apply(*model.init(0), {})
+    blobs, _ = jitted.forward(model, *model.init(0), {})
     # CRNN's Forward_cpu: t == 0 ? 0 : 1, for every sequence of the batch, (T, N) = (3, 2)
     np.testing.assert_array_equal(np.asarray(blobs["cont"]), [[0, 0], [1, 1], [1, 1]])
 
@@ -361,11 +366,11 @@ def test_continuation_indicator_feeds_an_lstm_as_cont():
     assert model.net.shapes[model.net.layers[-1].tops[0]] == (3, 2, 5)
     params, state = model.init(0)
     x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
-    blobs, _ = model.apply(params, state, {"x": x})
+    blobs, _ = jitted.forward(model, params, state, {"x": x})
     given = compile_net(text.replace(CONT_NET, 'layer { name: "c" type: "Input" top: "cont" '
                                      "input_param { shape { dim: 3 dim: 2 } } }"))  # fmt: skip
     cont = np.array([[0, 0], [1, 1], [1, 1]], np.float32)
-    want, _ = given.apply(params, state, {"x": x, "cont": cont})
+    want, _ = jitted.forward(given, params, state, {"x": x, "cont": cont})
     np.testing.assert_array_equal(np.asarray(blobs["y"]), np.asarray(want["y"]))
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import compile as compile_net
+from tests import jitted
 from tests.golden import GOLDEN, load_npz
 from tests.lowering.nets import forward, input_grad, one_layer
 
@@ -177,7 +178,7 @@ def test_parameter_gradient_is_the_top_diff():
     params, state = model.init(0)
     np.testing.assert_array_equal(params["layer"][0], [0.0, 0.0])  # Caffe fills nothing
     dy = jnp.array([1.5, -2.0])
-    grads = jax.grad(lambda p: jnp.sum(model.apply(p, state, {})[0]["y"] * dy))(params)
+    grads = jax.grad(lambda p: jnp.sum(jitted.forward(model, p, state, {})[0]["y"] * dy))(params)
     np.testing.assert_array_equal(grads["layer"][0], dy)
 
 
@@ -201,7 +202,7 @@ def test_filter_pads_to_the_setup_shape_and_matches_caffes_diffs():
     k = int(sel.sum())
 
     def f(params):
-        blobs, _ = model.apply(params, state, inputs)
+        blobs, _ = jitted.forward(model, params, state, inputs)
         return blobs["fx"], blobs["fz"]
 
     (fx, fz), vjp = jax.vjp(f, params)
@@ -251,7 +252,7 @@ def test_batch_reindex_gathers_and_scatter_adds():
     x, idx = arrays["in__x"], arrays["in__idx"].astype(int)
 
     def f(params):
-        return model.apply(params, state, inputs)[0]["y"]
+        return jitted.forward(model, params, state, inputs)[0]["y"]
 
     y, vjp = jax.vjp(f, params)
     np.testing.assert_array_equal(y, x[idx])

@@ -15,6 +15,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.runtime.formats.weights import load_weights, save_weights
+from tests import jitted
 from tests.golden import GOLDEN, require
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -53,7 +54,7 @@ def test_opencv_runs_our_trained_caffemodel(case, tmp_path):
     net = cv2.dnn.readNetFromCaffe(str(deploy_txt), str(model_file))
     x = np.random.default_rng(1).uniform(0, 1, deploy.inputs["data"]).astype(np.float32)
     net.setInput(x)
-    blobs = deploy.apply(*weights, {"data": x})[0]
+    blobs = jitted.forward(deploy, *weights, {"data": x})[0]
     names = ["conv1", "ip2", "prob"]  # first features, logits, softmax (none in place)
     for name, theirs in zip(names, net.forward(names)):
         ours = np.asarray(blobs[name])

@@ -9,6 +9,7 @@ import pytest
 import caffe2jax
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.outputs.segment import class_counts, label_map, prepare_image
+from tests import jitted
 from tests.cli_runner import run_cli
 
 
@@ -51,7 +52,7 @@ def test_segment_command_writes_the_label_map(tmp_path):
     rng = np.random.default_rng(0)
     cv2.imwrite(str(tmp_path / "img.png"), rng.integers(0, 255, (8, 12, 3), dtype=np.uint8))
     x = prepare_image(str(tmp_path / "img.png"), (1, 3, 4, 6), (10, 20, 30))
-    scores, _ = model.apply(params, state, {"data": x})
+    scores, _ = jitted.forward(model, params, state, {"data": x})
     expected = label_map(np.asarray(scores["prob"]))[0]
     result = run_cli("segment", "--model", tmp_path / "net.prototxt", "--weights",
                      tmp_path / "w.caffemodel", "--mean", "10,20,30", "--out", tmp_path / "out",
