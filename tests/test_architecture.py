@@ -213,7 +213,8 @@ def test_no_function_body_over_50_lines():
 
 # -- the rooms of lowering/ ---------------------------------------------------------------------
 
-MAX_LOWERING_TOP = 15
+# 15 machinery modules and exact.py, the float32 arithmetic every family shares (issue 32)
+MAX_LOWERING_TOP = 16
 LOWERING = ROOT / "lowering"
 # BVLC Caffe's layer types (src/caffe/layers/ at BVLC master): every other registered type is a
 # fork's (or caffe2jax's stand-in for a fork's Python layer, RoIData)
