@@ -1,0 +1,115 @@
+"""The forks' development set exported to ONNX (issue 34): every deploy net and the test nets
+(their data layers as inputs), random weights, checked with ``onnx.checker`` (full check), run
+in onnxruntime and compared with caffe2jax's jitted forward, at batch 1 and, exported once
+with a symbolic batch, at batch 4.
+
+Every compared blob agrees within 1e-5 of its largest magnitude; detection tops hold the same
+rows. Blobs after a discontinuous layer (a pooling mask, NMS, a proposal layer) are compared
+in a second run whose discontinuous layers read caffe2jax's bottoms (tests/runtime/onnx/
+fork_cases.py says why). Nets whose layers take one image (py-faster-rcnn's proposal layer,
+the YOLO outputs) are exported at batch 1 and their dynamic export is refused in one line.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from caffe2jax.runtime.onnx import OnnxExportError
+from tests import fork_runs
+from tests.runtime.onnx import onnx_runs
+from tests.runtime.onnx.fork_cases import CASES, compile_case, pins, tainted, uses_random_dropout
+
+pytestmark = pytest.mark.slow
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+RTOL = 1e-5
+DETECTIONS = {"DetectionOutput", "YoloDetectionOutput", "Yolov3DetectionOutput"}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def net(request):
+    name = request.param
+    case = CASES[name]
+    model = compile_case(name)
+    params, state = fork_runs.random_weights(model)
+    proto = onnx_runs.export(model, params, state, dynamic_batch=case.dynamic,
+                             outputs=case.outputs)  # fmt: skip
+    return name, case, model, params, state, proto
+
+
+def _inputs(model, batch: int, seed: int) -> dict[str, np.ndarray]:
+    one = model.reshape({k: (batch, *s[1:]) for k, s in model.inputs.items()}) if batch > 1 \
+        else model  # fmt: skip
+    if "im_info" in model.inputs:
+        return fork_runs.random_inputs(one, seed)
+    rng = np.random.default_rng(seed)
+    return {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in one.inputs.items()}
+
+
+def _detection_tops(model) -> set[str]:
+    return {t for layer in model.net.layers if layer.type in DETECTIONS for t in layer.tops}
+
+
+def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
+    """Run A (nothing pinned): the blobs not downstream of a discontinuous layer. Run B (the
+    discontinuous layers' bottoms pinned to caffe2jax's values): every output."""
+    names = onnx_runs.onnx_names(model, proto)
+    bad, pinned = tainted(model), pins(model)
+    random = uses_random_dropout(model)
+    if random:  # Bayesian SegNet: everything after its first sampling Dropout is random
+        bad |= _after_dropout(model)
+    direct = [b for b in [*outputs, *sorted(pinned)] if b not in bad and b in names]
+    got = onnx_runs.run(proto, inputs, [names[b] for b in direct])
+    for blob in direct:
+        assert onnx_runs.relative(ours[blob], got[names[blob]]) <= RTOL, blob
+    if random or not (set(outputs) & bad):
+        return
+    feed = {**inputs, **{names[b]: ours[b] for b in pinned}}
+    got = onnx_runs.run(onnx_runs.pinned(proto, [names[b] for b in pinned]), feed,
+                        [names[b] for b in outputs])  # fmt: skip
+    for blob in outputs:
+        if blob in _detection_tops(model):
+            onnx_runs.same_rows(ours[blob], got[names[blob]], RTOL)
+        else:
+            assert onnx_runs.relative(ours[blob], got[names[blob]]) <= RTOL, blob
+
+
+def _after_dropout(model) -> set[str]:
+    out: set[str] = set()
+    for layer in model.net.layers:
+        if layer.type == "Dropout" or any(b in out for b in layer.bottoms):
+            out.update(layer.tops)
+    return out
+
+
+def _outputs(model, case) -> list[str]:
+    names = case.outputs or model.outputs
+    return [model.net.blob_names[n] for n in names]
+
+
+def test_fork_net_at_batch_1(net):
+    name, case, model, params, state, proto = net
+    inputs = _inputs(model, 1, seed=1)
+    ours = onnx_runs.reference(model, params, state, inputs)
+    _check(model, proto, ours, inputs, _outputs(model, case))
+
+
+def test_fork_net_at_batch_4(net):
+    name, case, model, params, state, proto = net
+    if not case.dynamic:
+        with pytest.raises(OnnxExportError, match="--dynamic-batch|takes one image|pools every"):
+            onnx_runs.export(model, params, state, dynamic_batch=True, outputs=case.outputs)
+        return
+    inputs = _inputs(model, 4, seed=2)
+    if case.per_item:  # 4 runs of the batch-1 program caffe2jax already compiled
+        runs = [onnx_runs.reference(model, params, state, {k: v[i : i + 1] for k, v in
+                                                           inputs.items()}) for i in range(4)]  # fmt: skip
+        ours = {k: np.concatenate([r[k] for r in runs]) for k in runs[0]
+                if runs[0][k].ndim and k in model.net.shapes}  # fmt: skip
+    else:
+        member = model.reshape({k: v.shape for k, v in inputs.items()})
+        ours = onnx_runs.reference(member, params, state, inputs)
+    _check(model, proto, ours, inputs, _outputs(model, case))
