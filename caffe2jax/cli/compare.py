@@ -29,12 +29,26 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")
     p.add_argument("--onnx", help="the ONNX file to check (default: export the net now)")
     p.add_argument("--opencv", action="store_true", help="also compare with OpenCV 4's importer")
-    p.add_argument("--input", action="append", default=[], metavar="BLOB=FILE.npy",
-                   help="an input blob's values (default: uniform [0, 1) from --seed)")
-    p.add_argument("--input-shape", action="append", default=[], metavar="BLOB=D0,D1,...",
-                   help="shape of an input blob (repeatable)")
-    p.add_argument("--tolerance", type=float, default=1e-4,
-                   help="largest difference relative to each blob's largest magnitude (1e-4)")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="BLOB=FILE.npy",
+        help="an input blob's values (default: uniform [0, 1) from --seed)",
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="BLOB=D0,D1,...",
+        help="shape of an input blob (repeatable)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-4,
+        help="largest difference relative to each blob's largest magnitude (1e-4)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random input")
     p.add_argument("--all", action="store_true", help="print every blob, not only the first "
                    "divergence and the outputs")  # fmt: skip

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from caffe2jax.cli.summary import add_dialect, parse_shapes
+from caffe2jax.cli.summary import add_dialect, parse_shapes, source_shapes
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.lowering.model import compile as compile_net
+from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.model import Model
 from caffe2jax.runtime.formats.atomic import refuse_overwrite
 from caffe2jax.runtime.formats.export import describe, export_forward, save_exported
 from caffe2jax.runtime.formats.weights import load_weights
@@ -32,8 +33,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="net prototxt (a deploy net)")
     p.add_argument("--weights", required=True, help=".caffemodel or .caffemodel.h5")
     p.add_argument("--out", required=True, help="file to write")
-    p.add_argument("--format", choices=["onnx", "stablehlo"],
-                   help="what to write (default: onnx for a .onnx file, else stablehlo)")
+    p.add_argument(
+        "--format",
+        choices=["onnx", "stablehlo"],
+        help="what to write (default: onnx for a .onnx file, else stablehlo)",
+    )
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument(
@@ -43,12 +47,21 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar="BLOB=D0,D1,...",
         help="shape of an input blob, e.g. data=1,3,224,224 (repeatable)",
     )
-    p.add_argument("--opset", type=int, default=ONNX_OPSET,
-                   help=f"ONNX opset to write (default {ONNX_OPSET})")
-    p.add_argument("--dynamic-batch", action="store_true",
-                   help="ONNX: make the first axis of every input a symbolic batch size N")
-    p.add_argument("--output", action="append", default=[], metavar="BLOB",
-                   help="ONNX: export these blobs (repeatable; default: the net's outputs)")
+    p.add_argument(
+        "--opset", type=int, default=ONNX_OPSET, help=f"ONNX opset to write (default {ONNX_OPSET})"
+    )
+    p.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="ONNX: make the first axis of every input a symbolic batch size N",
+    )
+    p.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="BLOB",
+        help="ONNX: export these blobs (repeatable; default: the net's outputs)",
+    )
     p.add_argument(
         "--platform",
         action="append",
@@ -74,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise CaffeError("--platform is for --format stablehlo; an ONNX file runs anywhere")
     if fmt == "stablehlo" and (args.dynamic_batch or args.output):
         raise CaffeError("--dynamic-batch and --output are for --format onnx")
-    model = compile_net(args.model, phase=args.phase, input_shapes=shapes or None)
+    net = load_net(args.model, args.phase)
+    given, _ = source_shapes(net, Path(args.model).parent)  # data layers: from their sources
+    model = Model(net, {**given, **shapes} or None)
     params, state = load_weights(args.weights, model, dialect=args.dialect)
     if fmt == "onnx":
         return _onnx(args, model, params, state)

@@ -37,7 +37,9 @@ class BlobDiff:
 
     def line(self) -> str:
         if self.ours != self.theirs:
-            return f"{self.blob:24s} {self.layer:20s} shape {list(self.ours)} vs {list(self.theirs)}"
+            return (
+                f"{self.blob:24s} {self.layer:20s} shape {list(self.ours)} vs {list(self.theirs)}"
+            )
         return (f"{self.blob:24s} {self.layer:20s} {str(list(self.ours)):20s} "
                 f"max abs {self.max_abs:.3g}  max rel {self.max_rel:.3g}")  # fmt: skip
 

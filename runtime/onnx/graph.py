@@ -143,7 +143,7 @@ def build_graph(model, params, state, *, opset: int, dynamic_batch: bool = False
         )
     out_ids = _output_ids(model, outputs)
     walk = _Walk(model, params, state, opset, dynamic_batch)
-    for user, ssa in model.graph.input_versions.items():
+    for ssa in model.graph.input_versions.values():
         walk.inputs.append(walk.value_info(ssa))
         if walk.g.batch_source is None and walk.batch.get(ssa) is not None:
             walk.g.batch_source = (walk.names[ssa], walk.batch[ssa].axis)

@@ -26,7 +26,9 @@ class OnnxExportError(NetError):
     """A net (or one of its layers) that cannot be written as ONNX: one line, the layer named."""
 
 
-def register(type_name: str, *, form: str | tuple[str, ...] = "") -> Callable[[Converter], Converter]:
+def register(
+    type_name: str, *, form: str | tuple[str, ...] = ""
+) -> Callable[[Converter], Converter]:
     """Register the converter of Caffe type ``type_name`` in fork form ``form`` (several forms
     may share one converter)."""
     forms = (form,) if isinstance(form, str) else form
@@ -70,7 +72,9 @@ def lookup(layer: ir.Layer) -> Converter:
         return _CONVERTERS[key]
     forms = sorted(f or '""' for t, f in _CONVERTERS if t == key[0])
     if forms:
-        why = f"form {layer.form or '(none)'!r} has no ONNX form; supported forms: {', '.join(forms)}"
+        why = (
+            f"form {layer.form or '(none)'!r} has no ONNX form; supported forms: {', '.join(forms)}"
+        )
         raise refusal(layer, why)
     known = sorted({t for t, _ in _CONVERTERS})
     close = difflib.get_close_matches(key[0], known, n=1)

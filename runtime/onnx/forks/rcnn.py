@@ -171,9 +171,7 @@ def proposal(site: Site) -> list[str]:
         stride, anchors = _settings(site.param.python_param.param_str)
     except ValueError as err:
         site.refuse(str(err))
-    pre, post, thresh, min_size = (RFCN_CONFIG if site.layer.form == "rfcn" else CONFIG)[
-        site.phase
-    ]
+    pre, post, thresh, min_size = (RFCN_CONFIG if site.layer.form == "rfcn" else CONFIG)[site.phase]
     g = site.g
     boxes, fg, info = _proposal_boxes(site, anchors, stride)
     x1, y1, x2, y2 = g.op("Split", [boxes, g.i64([1, 1, 1, 1])], outputs=4, axis=1)

@@ -49,8 +49,13 @@ def psroi_pooling(site: Site) -> list[str]:
     groups = g.reshape(x, [-1, dim, k, k, height, width])
     by_w = g.op("Einsum", [groups, mw], equation="ncijhw,rjw->rncijh")
     total = g.op("Einsum", [by_w, mh], equation="rncijh,rih->rncij")
-    area = g.op("Mul", [g.unsqueeze(g.reduce("ReduceSum", mh, [2], False), [2]),
-                        g.unsqueeze(g.reduce("ReduceSum", mw, [2], False), [1])])  # (R, k, k)
+    area = g.op(
+        "Mul",
+        [
+            g.unsqueeze(g.reduce("ReduceSum", mh, [2], False), [2]),
+            g.unsqueeze(g.reduce("ReduceSum", mw, [2], False), [1]),
+        ],
+    )  # (R, k, k)
     area = g.unsqueeze(area, [1, 2])  # (R, 1, 1, k, k)
     some = g.op("Greater", [area, g.f32(0.0)])
     mean = g.where(some, g.op("Div", [total, g.where(some, area, g.f32(1.0))]), g.f32(0.0))

@@ -29,8 +29,8 @@ def global_stats(site: Site) -> tuple[np.ndarray, np.ndarray]:
 def batch_normalization(site: Site, x: str, scale, bias, mean, var, eps: float) -> str:
     """ONNX BatchNormalization of ``x`` (N, C, ...) with per-channel constants."""
     g = site.g
-    consts = [g.const(np.asarray(v, np.float32).reshape(-1), hint=h)
-              for v, h in ((scale, "scale"), (bias, "bias"), (mean, "mean"), (var, "var"))]  # fmt: skip
+    named = (("scale", scale), ("bias", bias), ("mean", mean), ("var", var))
+    consts = [g.const(np.asarray(v, np.float32).reshape(-1), hint=h) for h, v in named]
     return g.op("BatchNormalization", [x, *consts], epsilon=float(np.float32(eps)))
 
 

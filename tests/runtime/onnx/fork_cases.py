@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from caffe2jax.lowering.model import Model
 from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.model import Model
 from caffe2jax.runtime.onnx.registry import type_key
 from tests.forks import DEFINES, FORK_MODELS
 from tests.lowering.test_detection_models import _deploy_form
@@ -50,10 +50,12 @@ CASES = {
     "shufflenet_v1_2x_g3.prototxt": Case(),
     "shufflenet_v2_2x.prototxt": Case(),
     "ssd_mobilenetv2_ssdlite_deploy.prototxt": Case({"data": (1, 3, 160, 160)}, per_item=False),
-    "ssd_mobilenet_voc_test.prototxt": Case(("detection_out",), source="annotated",
-                                            per_item=False),  # fmt: skip
-    "yolov3_mobilenetv3_test_eric612.prototxt": Case(("detection_out",), dynamic=False,
-                                                     source="annotated"),  # fmt: skip
+    "ssd_mobilenet_voc_test.prototxt": Case(
+        ("detection_out",), source="annotated", per_item=False
+    ),  # fmt: skip
+    "yolov3_mobilenetv3_test_eric612.prototxt": Case(
+        ("detection_out",), dynamic=False, source="annotated"
+    ),  # fmt: skip
     "yolov2_darknet19_eric612.prototxt": Case({"data": (1, 3, 160, 160)}, dynamic=False),
     "yolov3_darknet53_eric612.prototxt": Case({"data": (1, 3, 160, 160)}, dynamic=False),
     "yolov3_mobilenetv2_chenyingpeng.prototxt": Case({"data": (1, 3, 160, 160)}),
@@ -61,9 +63,11 @@ CASES = {
     "yolov4_mish_chenyingpeng.prototxt": Case({"data": (1, 3, 160, 160)}),
     "faster_rcnn_vggm1024_coco_test.prototxt": Case(dynamic=False),
     "faster_rcnn_air101_voc_deploy.prototxt": Case(
-        {"data": (1, 3, 160, 160), "im_info": (1, 3)}, dynamic=False),  # fmt: skip
+        {"data": (1, 3, 160, 160), "im_info": (1, 3)}, dynamic=False
+    ),  # fmt: skip
     "rfcn_resnet101_voc_test.prototxt": Case(
-        {"data": (1, 3, 160, 160), "im_info": (1, 3)}, dynamic=False),  # fmt: skip
+        {"data": (1, 3, 160, 160), "im_info": (1, 3)}, dynamic=False
+    ),  # fmt: skip
     "enet_deploy_bn.prototxt": Case({"data": (1, 3, 64, 128)}),
     "pspnet101_cityscapes_713.prototxt": Case({"data": (1, 3, 137, 137)}, source="devset"),
     "segnet_bayesian_inference.prototxt": Case(source="devset"),
@@ -116,5 +120,3 @@ def uses_random_dropout(model: Model) -> bool:
     return any(layer.type == "Dropout" and layer.form == "sample_test"
                and layer.param.dropout_param.sample_weights_test
                for layer in model.net.layers)  # fmt: skip
-
-

@@ -121,7 +121,8 @@ def _prior_net(extra: str, loc_classes: int = 1, classes: int = 4) -> str:
         'layer { name: "pc" type: "Concat" bottom: "p1" bottom: "p2" top: "priors" '
         "concat_param { axis: 2 } }\n"
         'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" '
-        f'bottom: "priors" top: "det" detection_output_param {{ num_classes: {classes} {extra} }} }}',
+        f'bottom: "priors" top: "det" '
+        f"detection_output_param {{ num_classes: {classes} {extra} }} }}",
         {"f1": (2, 1, 2, 2), "f2": (2, 1, 3, 3), "img": (2, 3, 24, 24),
          "loc": (2, priors * loc_classes * 4), "conf": (2, priors * classes)},
     )  # fmt: skip
@@ -199,8 +200,10 @@ YOLO = {
 def test_yolo_detection_output(case):
     text = net_text(*YOLO[case]).replace("biases: 1 2 biases: 3 1.5", "biases: 1 biases: 2 "
                                          "biases: 3 biases: 1.5")  # fmt: skip
-    text = text.replace("biases: 10 14 biases: 23 27 biases: 37 58 biases: 81 82",
-                        " ".join(f"biases: {v}" for v in (10, 14, 23, 27, 37, 58, 81, 82)))
+    text = text.replace(
+        "biases: 10 14 biases: 23 27 biases: 37 58 biases: 81 82",
+        " ".join(f"biases: {v}" for v in (10, 14, 23, 27, 37, 58, 81, 82)),
+    )
     model, params, state = random_model(text)
     inputs = random_inputs(model, low=-2, high=2)
     proto = onnx_runs.export(model, params, state)

@@ -34,12 +34,31 @@ _LOSS = "a loss layer has no inference form"
 _TRAIN = "is compiled for phase TRAIN: export a TEST net"
 #: Cases whose layer has nothing to export in a TEST net, with the reason given.
 REFUSED = {
-    **{c: _TRAIN for c in ("batchnorm_global_in_train", "batchnorm_train", "batchnorm_train_2d",
-                           "dropout_train")},  # fmt: skip
-    **{c: _LOSS for c in ("contrastive", "contrastive_legacy", "euclidean",
-                          "euclidean_lossweight", "hinge_l1", "hinge_l2", "infogain",
-                          "multinomial_logistic", "sigmoidce_default", "sigmoidce_full",
-                          "sigmoidce_valid_ignore")},  # fmt: skip
+    **{
+        c: _TRAIN
+        for c in (
+            "batchnorm_global_in_train",
+            "batchnorm_train",
+            "batchnorm_train_2d",
+            "dropout_train",
+        )
+    },  # fmt: skip
+    **{
+        c: _LOSS
+        for c in (
+            "contrastive",
+            "contrastive_legacy",
+            "euclidean",
+            "euclidean_lossweight",
+            "hinge_l1",
+            "hinge_l2",
+            "infogain",
+            "multinomial_logistic",
+            "sigmoidce_default",
+            "sigmoidce_full",
+            "sigmoidce_valid_ignore",
+        )
+    },  # fmt: skip
     "silence": "has no output blob to export",
 }
 
