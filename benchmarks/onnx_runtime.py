@@ -76,8 +76,8 @@ def weights(model):
     params, state = model.init(0)
     for name, blobs in state.items():
         if len(blobs) == 3:
-            state[name] = [np.zeros(blobs[0].shape, np.float32),
-                           np.ones(blobs[1].shape, np.float32), np.ones((1,), np.float32)]  # fmt: skip
+            c = blobs[0].shape
+            state[name] = [np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(1, np.float32)]
     return params, state
 
 
