@@ -87,10 +87,21 @@ def candidates(site: Site, scores: str, s: dict, priors: int) -> str:
     return out
 
 
+def flatten_degenerate(g: Builder, boxes: str) -> str:
+    """Boxes with xmax < xmin or ymax < ymin as empty points far from everything: the fork
+    gives them no area (JaccardOverlap 0 with any other box), NonMaxSuppression would measure
+    their extent. (Two such boxes that touch suppress each other in the fork, NaN overlap;
+    not here.)"""
+    x0, y0, x1, y1 = g.op("Split", [boxes, g.i64([1, 1, 1, 1])], outputs=4, axis=-1)
+    bad = g.op("Or", [g.op("Less", [x1, x0]), g.op("Less", [y1, y0])])
+    return g.where(bad, g.f32(1e30), boxes)
+
+
 def suppress(site: Site, boxes: str, scores: str, s: dict, priors: int) -> str:
     """(N, C, P) float flags of the boxes NonMaxSuppression keeps."""
     g = site.g
     c = s["classes"]
+    boxes = flatten_degenerate(g, boxes)
     limits = [g.i64([s["top_k"]]), g.f32([s["nms"]]), g.f32([-FLT_MAX])]
     if s["shared"]:
         flat = g.reshape(boxes, [-1, priors, 4])

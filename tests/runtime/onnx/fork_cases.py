@@ -45,8 +45,8 @@ class Case:
 CASES = {
     "densenet201_shicai.prototxt": Case({"data": (1, 3, 96, 96)}),
     "resnext101_32x4d_soeaver.prototxt": Case({"data": (1, 3, 96, 96)}),
-    "se_resnet101.prototxt": Case({"data": (1, 3, 96, 96)}),
-    "se_resnext50.prototxt": Case({"data": (1, 3, 96, 96)}),
+    "se_resnet101.prototxt": Case(),  # a 7×7 pool5: 224 × 224 only
+    "se_resnext50.prototxt": Case(),
     "shufflenet_v1_2x_g3.prototxt": Case(),
     "shufflenet_v2_2x.prototxt": Case(),
     "ssd_mobilenetv2_ssdlite_deploy.prototxt": Case({"data": (1, 3, 160, 160)}, per_item=False),
@@ -71,6 +71,13 @@ CASES = {
     "enet_deploy_bn.prototxt": Case({"data": (1, 3, 64, 128)}),
     "pspnet101_cityscapes_713.prototxt": Case({"data": (1, 3, 137, 137)}, source="devset"),
     "segnet_bayesian_inference.prototxt": Case(source="devset"),
+    # the TEST nets of the C3D and CRNN train prototxts (their data layers as inputs)
+    "c3d_v11_ucf101_train_simple.prototxt": Case(
+        {"data": (1, 3, 16, 56, 56), "label": (1,)}, source="stage:test-on-val"
+    ),  # fmt: skip
+    "crnn_train.prototxt": Case(
+        {"data": (2, 1, 32, 128), "label": (2, 13)}, ("fc1",), dynamic=False, source="crnn"
+    ),  # fmt: skip
 }
 
 
@@ -84,6 +91,12 @@ def compile_case(name: str) -> Model:
         from tests.lowering.test_fork_devset import load
 
         return Model(load_net(load(name, small=True), "TEST"), case.shapes)
+    if case.source.startswith("stage:"):
+        net = load_net(FORK_MODELS / name, "TEST", stages=(case.source[6:],))
+        return Model(net, case.shapes)
+    if case.source == "crnn":  # its 523-sequence batch (LSTM streams included) cut to 2
+        text = (FORK_MODELS / name).read_text().replace("batch_size: 523", "batch_size: 2")
+        return Model(load_net(text, "TEST"), case.shapes)
     model = Model(load_net(FORK_MODELS / name, "TEST", defines=DEFINES))
     return model.reshape(case.shapes) if case.shapes else model
 

@@ -53,8 +53,9 @@ def pinned(proto: onnx.ModelProto, names) -> onnx.ModelProto:
 
 
 def reference(model, params, state, inputs) -> dict[str, np.ndarray]:
-    """Every blob of caffe2jax's jitted forward, by SSA id."""
-    forward = jax.jit(lambda p, s, x: model.apply(p, s, x)[0])
+    """Every blob of caffe2jax's jitted forward, by SSA id (a net that samples in TEST, as
+    Bayesian SegNet's Dropout, draws from key 0)."""
+    forward = jax.jit(lambda p, s, x: model.apply(p, s, x, jax.random.key(0))[0])
     return {k: np.asarray(v) for k, v in forward(params, state, inputs).items()}
 
 

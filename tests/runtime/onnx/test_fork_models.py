@@ -70,9 +70,12 @@ def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
     names = onnx_runs.onnx_names(model, proto)
     bad, pinned = tainted(model), pins(model)
     random = uses_random_dropout(model)
-    if random:  # Bayesian SegNet: everything after its first sampling Dropout is random
-        bad |= _after_dropout(model)
-    direct = [b for b in [*outputs, *sorted(pinned)] if b not in bad and b in names]
+    extra = []
+    if random:  # Bayesian SegNet: everything after its first sampling Dropout is random;
+        bad |= _after_dropout(model)  # what the Dropouts read is compared
+        extra = [ly.bottoms[0] for ly in model.net.layers if ly.type == "Dropout"]
+    direct = [b for b in [*outputs, *sorted(pinned), *extra] if b not in bad and b in names]
+    assert direct or set(outputs) & bad
     direct += [b for b in _softmax_bottoms(model, direct) if b in names and b not in direct]
     got = onnx_runs.run(proto, inputs, [names[b] for b in direct])
     softmax = _softmax_tops(model)
@@ -92,14 +95,33 @@ def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
             assert onnx_runs.relative(ours[blob], got[names[blob]]) <= tol, blob
 
 
+#: Layers that only move values: a blob they write is a probability if their bottoms are.
+_MOVES = {"Reshape", "Flatten", "Permute", "Concat", "Split", "Slice"}
+
+
 def _softmax_tops(model) -> set[str]:
-    return {layer.tops[0] for layer in model.net.layers if layer.type == "Softmax"}
+    """The blobs holding probabilities: a Softmax's top and what is moved out of one."""
+    out: set[str] = set()
+    for layer in model.net.layers:
+        if layer.type == "Softmax" or (layer.type in _MOVES
+                                       and all(b in out for b in layer.bottoms)):  # fmt: skip
+            out.update(layer.tops)
+    return out
 
 
 def _softmax_bottoms(model, blobs) -> list[str]:
-    """The logits of the Softmax layers that write ``blobs``, compared at RTOL."""
+    """The logits of the Softmax layers whose probabilities ``blobs`` hold, compared at RTOL."""
     writer = {top: layer for layer in model.net.layers for top in layer.tops}
-    return [writer[b].bottoms[0] for b in blobs if b in writer and writer[b].type == "Softmax"]
+    probs, found, todo = _softmax_tops(model), [], [b for b in blobs]
+    while todo:
+        layer = writer.get(todo.pop())
+        if layer is None or not set(layer.tops) & probs:
+            continue
+        if layer.type == "Softmax":
+            found.append(layer.bottoms[0])
+        else:
+            todo.extend(layer.bottoms)
+    return found
 
 
 def _after_dropout(model) -> set[str]:
