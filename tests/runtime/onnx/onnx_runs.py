@@ -52,11 +52,16 @@ def pinned(proto: onnx.ModelProto, names) -> onnx.ModelProto:
     return model
 
 
-def reference(model, params, state, inputs) -> dict[str, np.ndarray]:
-    """Every blob of caffe2jax's jitted forward, by SSA id (a net that samples in TEST, as
-    Bayesian SegNet's Dropout, draws from key 0)."""
-    forward = jax.jit(lambda p, s, x: model.apply(p, s, x, jax.random.key(0))[0])
-    return {k: np.asarray(v) for k, v in forward(params, state, inputs).items()}
+def reference(model, params, state, inputs, keep=None) -> dict[str, np.ndarray]:
+    """The blobs ``keep`` (SSA ids; default every blob) of caffe2jax's jitted forward (a net
+    that samples in TEST, as Bayesian SegNet's Dropout, draws from key 0). Only those live
+    past the program."""
+
+    def forward(p, s, x):
+        blobs = model.apply(p, s, x, jax.random.key(0))[0]
+        return blobs if keep is None else {k: blobs[k] for k in keep}
+
+    return {k: np.asarray(v) for k, v in jax.jit(forward)(params, state, inputs).items()}
 
 
 def relative(ours: np.ndarray, theirs: np.ndarray) -> float:

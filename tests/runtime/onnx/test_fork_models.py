@@ -64,25 +64,37 @@ def _detection_tops(model) -> set[str]:
     return {t for layer in model.net.layers if layer.type in DETECTIONS for t in layer.tops}
 
 
-def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
-    """Run A (nothing pinned): the blobs not downstream of a discontinuous layer. Run B (the
-    discontinuous layers' bottoms pinned to caffe2jax's values): every output."""
+def _plan(model, proto, outputs: list[str]) -> tuple[list[str], list[str], bool]:
+    """(the blobs compared in run A, those pinned in run B (empty: no run B), their names).
+
+    Run A (nothing pinned): the blobs not downstream of a discontinuous layer, and the logits
+    of every probability among them. Run B (the discontinuous layers' bottoms pinned to
+    caffe2jax's values): every output."""
     names = onnx_runs.onnx_names(model, proto)
     bad, pinned = tainted(model), pins(model)
-    random = uses_random_dropout(model)
     extra = []
+    random = uses_random_dropout(model)
     if random:  # Bayesian SegNet: everything after its first sampling Dropout is random;
         bad |= _after_dropout(model)  # what the Dropouts read is compared
         extra = [ly.bottoms[0] for ly in model.net.layers if ly.type == "Dropout"]
     direct = [b for b in [*outputs, *sorted(pinned), *extra] if b not in bad and b in names]
     assert direct or set(outputs) & bad
     direct += [b for b in _softmax_bottoms(model, direct) if b in names and b not in direct]
-    got = onnx_runs.run(proto, inputs, [names[b] for b in direct])
+    run_b = not random and bool(set(outputs) & bad)
+    return direct, sorted(pinned) if run_b else [], run_b
+
+
+def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
+    """Runs A and B of :func:`_plan`, each blob within RTOL (probabilities SOFTMAX_RTOL,
+    detection tops the same rows)."""
+    names = onnx_runs.onnx_names(model, proto)
+    direct, pinned, run_b = _plan(model, proto, outputs)
     softmax = _softmax_tops(model)
+    got = onnx_runs.run(proto, inputs, [names[b] for b in direct])
     for blob in direct:
         tol = SOFTMAX_RTOL if blob in softmax else RTOL
         assert onnx_runs.relative(ours[blob], got[names[blob]]) <= tol, blob
-    if random or not (set(outputs) & bad):
+    if not run_b:
         return
     feed = {**inputs, **{names[b]: ours[b] for b in pinned}}
     got = onnx_runs.run(onnx_runs.pinned(proto, [names[b] for b in pinned]), feed,
@@ -91,8 +103,14 @@ def _check(model, proto, ours: dict, inputs: dict, outputs: list[str]) -> None:
         if blob in _detection_tops(model):
             onnx_runs.same_rows(ours[blob], got[names[blob]], RTOL)
         else:
-            tol = SOFTMAX_RTOL if blob in _softmax_tops(model) else RTOL
+            tol = SOFTMAX_RTOL if blob in softmax else RTOL
             assert onnx_runs.relative(ours[blob], got[names[blob]]) <= tol, blob
+
+
+def _kept(model, proto, outputs) -> list[str]:
+    """Every blob :func:`_check` reads of caffe2jax's forward."""
+    direct, pinned, _ = _plan(model, proto, outputs)
+    return sorted({*outputs, *direct, *pinned})
 
 
 #: Layers that only move values: a blob they write is a probability if their bottoms are.
@@ -141,8 +159,9 @@ def _outputs(model, case) -> list[str]:
 def test_fork_net_at_batch_1(net):
     name, case, model, params, state, proto = net
     inputs = _inputs(model, 1, seed=1)
-    ours = onnx_runs.reference(model, params, state, inputs)
-    _check(model, proto, ours, inputs, _outputs(model, case))
+    outputs = _outputs(model, case)
+    ours = onnx_runs.reference(model, params, state, inputs, _kept(model, proto, outputs))
+    _check(model, proto, ours, inputs, outputs)
 
 
 @pytest.mark.parametrize("net", BATCH_4 + [n for n in CASES if not CASES[n].dynamic],
@@ -154,12 +173,13 @@ def test_fork_net_at_batch_4(net):
             onnx_runs.export(model, params, state, dynamic_batch=True, outputs=case.outputs)
         return
     inputs = _inputs(model, 4, seed=2)
+    outputs = _outputs(model, case)
+    keep = _kept(model, proto, outputs)
     if case.per_item:  # 4 runs of the batch-1 program caffe2jax already compiled
         one = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(4)]
-        runs = [onnx_runs.reference(model, params, state, x) for x in one]
-        ours = {k: np.concatenate([r[k] for r in runs]) for k in runs[0]
-                if runs[0][k].ndim and k in model.net.shapes}  # fmt: skip
+        runs = [onnx_runs.reference(model, params, state, x, keep) for x in one]
+        ours = {k: np.concatenate([r[k] for r in runs]) for k in keep}
     else:
         member = model.reshape({k: v.shape for k, v in inputs.items()})
-        ours = onnx_runs.reference(member, params, state, inputs)
-    _check(model, proto, ours, inputs, _outputs(model, case))
+        ours = onnx_runs.reference(member, params, state, inputs, keep)
+    _check(model, proto, ours, inputs, outputs)
