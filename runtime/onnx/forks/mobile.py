@@ -12,7 +12,6 @@ lowering/fork_neuron.py):
 from __future__ import annotations
 
 from caffe2jax.lowering.fork_channels import depthwise
-from caffe2jax.lowering.fork_neuron import _relu6_slope
 from caffe2jax.runtime.onnx.layers.vision import convolution_group
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
@@ -52,7 +51,8 @@ def axpy(site: Site) -> list[str]:
 def relu6(site: Site) -> list[str]:
     g = site.g
     (x,) = site.bottoms
-    slope = _relu6_slope(site.layer)
+    p = site.param  # eric612's relu6_param, or a ReLUParameter under relu_param
+    slope = (p.relu6_param if p.HasField("relu6_param") else p.relu_param).negative_slope
     if not slope:
         return [g.op("Clip", [x, g.f32(0.0), g.f32(6.0)])]
     positive = g.op("Greater", [x, g.f32(0.0)])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from caffe2jax.lowering.proposal import CONFIG, RFCN_CONFIG, _settings
+from caffe2jax.lowering.proposal import CONFIG, RFCN_CONFIG, generate_anchors, parse_param_str
 from caffe2jax.runtime.onnx.builder import Builder
 from caffe2jax.runtime.onnx.forks.detection_output import ones_like
 from caffe2jax.runtime.onnx.registry import register
@@ -162,15 +162,22 @@ def _proposal_boxes(site: Site, anchors: np.ndarray, stride: float):
     return g.op("Min", [g.op("Max", [boxes, g.f32(0.0)]), hi]), fg, info
 
 
+def _proposal_settings(site: Site) -> tuple[float, np.ndarray]:
+    """``feat_stride`` and the anchors (``scales``, default (8, 16, 32)) of the param_str."""
+    param_str = site.param.python_param.param_str
+    params = parse_param_str(param_str)
+    if "feat_stride" not in params:
+        site.refuse(f"ProposalLayer's param_str needs 'feat_stride', got {param_str!r}")
+    scales = tuple(params.get("scales", (8, 16, 32)))
+    return float(params["feat_stride"]), generate_anchors(scales=scales)
+
+
 @register("Python:rpn.proposal_layer.ProposalLayer", form=("", "rfcn"))
 def proposal(site: Site) -> list[str]:
     """py-faster-rcnn's ProposalLayer (module docstring)."""
     site.require_builtin()
     site.static_batch("py-faster-rcnn's proposal layer takes one image")
-    try:
-        stride, anchors = _settings(site.param.python_param.param_str)
-    except ValueError as err:
-        site.refuse(str(err))
+    stride, anchors = _proposal_settings(site)
     pre, post, thresh, min_size = (RFCN_CONFIG if site.layer.form == "rfcn" else CONFIG)[site.phase]
     g = site.g
     boxes, fg, info = _proposal_boxes(site, anchors, stride)

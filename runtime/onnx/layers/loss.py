@@ -19,11 +19,12 @@ from onnx import TensorProto
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.forms import FORMS
-from caffe2jax.lowering.loss import _LOG_FLT_MIN, _normalization
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
 
 _MODE = caffe_pb2.LossParameter
+#: Caffe clamps the probability at FLT_MIN: −log(p) is at most −log(FLT_MIN)
+LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
 #: Loss layers refused with the hint to export the blobs they read.
 LOSSES = ("ContrastiveLoss", "EuclideanLoss", "HingeLoss", "InfogainLoss", "MultiBoxLoss",
           "MultinomialLogisticLoss", "SigmoidCrossEntropyLoss", "SmoothL1Loss", "CtcLoss",
@@ -65,6 +66,17 @@ def _counted(site: Site, lab: str, ignore: int | None) -> str:
     return g.op("Not", [g.op("Equal", [lab, g.i64(ignore)])])
 
 
+def normalization(site: Site) -> int:
+    """``normalization`` if set, else legacy ``normalize`` (true: VALID, false: BATCH_SIZE);
+    VALID by default (SoftmaxWithLoss)."""
+    lp = site.param.loss_param
+    if lp.HasField("normalization"):
+        return lp.normalization
+    if lp.HasField("normalize"):
+        return _MODE.VALID if lp.normalize else _MODE.BATCH_SIZE
+    return _MODE.VALID
+
+
 def _normalizer(site: Site, mode: int, lab: str, valid: str) -> str:
     g = site.g
     if mode == _MODE.VALID:
@@ -84,13 +96,13 @@ def softmax_with_loss(site: Site) -> list[str]:
     axis = site.param.softmax_param.axis % len(site.bottom_shapes[0])
     z, lab, classes = _class_view(site, axis)
     picked = _picked(site, g.op("LogSoftmax", [z], axis=1), lab, classes)
-    nll = g.op("Neg", [g.op("Max", [picked, g.f32(_LOG_FLT_MIN)])])
+    nll = g.op("Neg", [g.op("Max", [picked, g.f32(LOG_FLT_MIN)])])
     lp = site.param.loss_param
     valid = _counted(site, lab, lp.ignore_label if lp.HasField("ignore_label") else None)
     term = g.where(valid, g.where(_in_range(site, lab, classes), nll, g.f32(np.nan)),
                    g.f32(0.0))  # fmt: skip
     total = g.reduce("ReduceSum", term, [0, 1], keepdims=False)
-    norm = _normalizer(site, _normalization(site.layer, _MODE.VALID), lab, valid)
+    norm = _normalizer(site, normalization(site), lab, valid)
     tops = [g.op("Div", [total, norm])]
     if len(site.tops) > 1:
         tops.append(g.op("Softmax", [site.bottoms[0]], axis=axis))

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from google.protobuf import text_format
+
+from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
 from caffe2jax.runtime.onnx.registry import type_key
 from tests.forks import DEFINES, FORK_MODELS
-from tests.lowering.test_detection_models import _deploy_form
 
 #: Layer types whose tops jump when a near tie among their bottoms flips.
 DISCONTINUOUS = {"DetectionOutput", "YoloDetectionOutput", "Yolov3DetectionOutput",
@@ -81,11 +83,28 @@ CASES = {
 }
 
 
+def deploy_form(name: str, side: int) -> caffe_pb2.NetParameter:
+    """A test net with its AnnotatedData layer an Input of (1, 3, side, side) and the layers
+    reading the label (DetectionEvaluate) left out."""
+    net = text_format.Parse((FORK_MODELS / name).read_text(), caffe_pb2.NetParameter())
+    layers = []
+    for layer in net.layer:
+        if layer.type == "AnnotatedData":
+            new = caffe_pb2.LayerParameter(name=layer.name, type="Input", top=[layer.top[0]])
+            new.input_param.shape.add(dim=[1, 3, side, side])
+            layers.append(new)
+        elif "label" not in layer.bottom:
+            layers.append(layer)
+    del net.layer[:]
+    net.layer.extend(layers)
+    return net
+
+
 def compile_case(name: str) -> Model:
     """The TEST model of ``name`` at its test size."""
     case = CASES[name]
     if case.source == "annotated":
-        net = _deploy_form(name.removesuffix(".prototxt"), 160)
+        net = deploy_form(name, 160)
         return Model(load_net(net, "TEST"), case.shapes)
     if case.source == "devset":
         from tests.lowering.test_fork_devset import load
