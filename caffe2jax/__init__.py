@@ -42,6 +42,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "detect": ("caffe2jax.runtime.outputs.detections", "detect"),
     "load_weights": ("caffe2jax.runtime.formats.weights", "load_weights"),
     "save_weights": ("caffe2jax.runtime.formats.weights", "save_weights"),
+    "export_onnx": ("caffe2jax.runtime.onnx", "export_onnx"),
     "label_map": ("caffe2jax.runtime.outputs.segment", "label_map"),
     "ctc_greedy_decode": ("caffe2jax.runtime.outputs.ctc_decode", "ctc_greedy_decode"),
     **{

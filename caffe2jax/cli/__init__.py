@@ -5,6 +5,7 @@
 
 COMMANDS: list[str] = [
     "absorb_bn",
+    "compare",
     "compute_bn_stats",
     "compute_image_mean",
     "convert_annoset",

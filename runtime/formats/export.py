@@ -14,6 +14,7 @@ newer version runs it, without caffe2jax, on the platforms it was lowered for.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,22 @@ if TYPE_CHECKING:
     from caffe2jax.lowering.model import Model
 
 
+def serializable(model: Model) -> Model:
+    """``model`` under an engine policy whose program serializes: XLA's own convolutions.
+
+    On the CPU the default policy runs large convolutions through oneDNN, a foreign call
+    (``caffe2jax_onednn_fwd``) that a serialized module cannot carry; the exported forward
+    computes the same layers with XLA's kernels instead (the same numbers, to float rounding:
+    every engine is tested against the plain form)."""
+    policy = model.policy
+    if policy.conv == "xla":
+        return model
+    from caffe2jax.lowering.model import Model
+
+    xla = dataclasses.replace(policy, conv="xla")
+    return Model(model.net, model.inputs, model.dtype, model.graph.precision, policy=xla)
+
+
 def export_forward(
     model: Model,
     params: Params,
@@ -41,8 +58,10 @@ def export_forward(
 
     ``platforms`` (e.g. ``("cpu", "cuda")``) lowers for several backends at once; the default
     is the backend JAX runs on here. The forward uses no randomness (``rng=None``): export a
-    TEST-phase model.
+    TEST-phase model. It is traced under :func:`serializable`'s engine policy; a net whose
+    program still holds a host callback (a class-style Python layer) is refused in one line.
     """
+    model = serializable(model)
     outputs = model.outputs
 
     def forward(inputs: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -50,7 +69,16 @@ def export_forward(
         return {name: blobs[name] for name in outputs}
 
     specs = {name: jax.ShapeDtypeStruct(shape, model.dtype) for name, shape in model.inputs.items()}
-    return export.export(jax.jit(forward), platforms=platforms)(specs)
+    try:
+        return export.export(jax.jit(forward), platforms=platforms)(specs)
+    except ValueError as err:
+        if "custom call" not in str(err).lower():
+            raise
+        first = str(err).strip().splitlines()[0][:200]
+        raise CaffeError(
+            f"net '{model.net.name}' cannot be serialized: its program calls out of XLA "
+            f"(a Python layer's host callback?): {first}"
+        ) from None
 
 
 def save_exported(

@@ -69,3 +69,35 @@ def test_load_exported_rejects_other_files(tmp_path):
     (tmp_path / "x").write_bytes(b"not a module")
     with pytest.raises(CaffeError, match="not a serialized jax.export module"):
         load_exported(tmp_path / "x")
+
+
+MID_NET = """name: "mid"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 16 dim: 40 dim: 40 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 48 kernel_size: 3 pad: 1
+                            weight_filler { type: "msra" } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool1" top: "fc"
+        inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_a_net_above_onednns_size_rule_exports_and_equals_apply(tmp_path):
+    """conv1 (2·48·1600·144 = 22M multiply-adds) is over oneDNN's 16M rule, so the default CPU
+    policy runs it through oneDNN's foreign call, which a serialized module cannot hold: the
+    export traces with XLA's own convolution and computes the same forward."""
+    from caffe2jax.lowering.engines import onednn
+
+    model = caffe2jax.compile(MID_NET)
+    if onednn.available() is None and jax.default_backend() == "cpu":
+        assert model.graph.engines["conv1"] == "onednn"  # the case of issue 34
+    params, state = model.init(0)
+    path = save_exported(tmp_path / "mid.jaxexport", export_forward(model, params, state))
+    forward = export.deserialize(bytearray(path.read_bytes()))
+    x = np.random.default_rng(2).uniform(0, 1, (2, 16, 40, 40)).astype(np.float32)
+    expected = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])(params, state, x)
+    np.testing.assert_allclose(forward.call({"data": x})["prob"], expected, rtol=1e-5, atol=1e-7)

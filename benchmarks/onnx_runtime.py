@@ -1,0 +1,136 @@
+"""onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
+
+    python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
+
+GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models) and ResNet-50 (He et al. 2016,
+the published deploy net's layers, built here with NetSpec), random weights (their fillers;
+BatchNorm statistics mean 0, variance 1). Each net is exported with ``caffe2jax.export_onnx``
+and run by an onnxruntime CPU session at its default options (all graph optimizations, its
+own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's JAX setup.
+Both are timed in one run, in alternating blocks (benchmarks/harness.py: median block, compile
+and session creation apart); the logits are checked to agree first (within 1e-4 of their
+largest magnitude). Prints the markdown table and writes
+``benchmarks/results/onnx-runtime-<time>.json`` / ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Row, machine, measure, write  # noqa: E402
+
+from caffe2jax.cli.main import configure_jax  # noqa: E402
+
+MODELS = Path(__file__).resolve().parents[2] / "shared/caffe/models"
+GOOGLENET = MODELS / "models/bvlc_googlenet/deploy.prototxt"
+
+
+def resnet50(path: Path, batch: int) -> Path:
+    """ResNet-50's deploy net as a prototxt (conv → BatchNorm → Scale → ReLU blocks)."""
+    import caffe2jax as caffe
+    from caffe2jax import layers as L
+    from caffe2jax import params as P
+
+    n = caffe.NetSpec()
+    n.data = L.Input(shape=dict(dim=[batch, 3, 224, 224]))
+
+    def conv_bn(bottom, name, out, k, stride=1, pad=0, relu=True):
+        c = L.Convolution(bottom, num_output=out, kernel_size=k, stride=stride, pad=pad,
+                          bias_term=False, weight_filler=dict(type="msra"))  # fmt: skip
+        setattr(n, name, c)
+        setattr(n, "bn_" + name, L.BatchNorm(c, in_place=True))
+        setattr(n, "scale_" + name, L.Scale(c, bias_term=True, in_place=True))
+        if relu:
+            setattr(n, name + "_relu", L.ReLU(c, in_place=True))
+        return c
+
+    top = conv_bn(n.data, "conv1", 64, 7, 2, 3)
+    n.pool1 = top = L.Pooling(top, pool=P.Pooling.MAX, kernel_size=3, stride=2)
+    for stage, (blocks, width) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)], start=2):
+        for b in range(blocks):
+            name = f"res{stage}{chr(97 + b)}"
+            stride = 2 if b == 0 and stage > 2 else 1
+            short = conv_bn(top, name + "_branch1", 4 * width, 1, stride, relu=False) if b == 0 \
+                else top  # fmt: skip
+            x = conv_bn(top, name + "_branch2a", width, 1, stride)
+            x = conv_bn(x, name + "_branch2b", width, 3, 1, 1)
+            x = conv_bn(x, name + "_branch2c", 4 * width, 1, relu=False)
+            setattr(n, name, L.Eltwise(short, x))
+            top = getattr(n, name)
+            setattr(n, name + "_relu", L.ReLU(top, in_place=True))
+    n.pool5 = L.Pooling(top, pool=P.Pooling.AVE, kernel_size=7, stride=1)
+    n.fc1000 = L.InnerProduct(n.pool5, num_output=1000, weight_filler=dict(type="xavier"))
+    n.prob = L.Softmax(n.fc1000)
+    path.write_text('name: "ResNet-50"\n' + str(n.to_proto()))
+    return path
+
+
+def weights(model):
+    """The nets' fillers; BatchNorm statistics of a trained net (mean 0, variance 1)."""
+    params, state = model.init(0)
+    for name, blobs in state.items():
+        if len(blobs) == 3:
+            c = blobs[0].shape
+            state[name] = [np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(1, np.float32)]
+    return params, state
+
+
+def case(name: str, prototxt: Path, batch: int, folder: Path, calls: int, blocks: int) -> Row:
+    import jax
+    import onnxruntime as ort
+
+    import caffe2jax
+
+    model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, 224, 224)})
+    params, state = weights(model)
+    logits = model.net.layer(model.net.layers[-1].name).bottom_names[0]  # the Softmax's bottom
+    start = time.perf_counter()
+    onnx_file = caffe2jax.export_onnx(model, params, state, folder / f"{name}.onnx",
+                                      outputs=["prob", logits])  # fmt: skip
+    export_s = time.perf_counter() - start
+    x = np.random.default_rng(0).uniform(0, 1, (batch, 3, 224, 224)).astype(np.float32)
+    blob = model.net.blob_names[logits]
+    forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
+    check = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0][blob])
+    params, state, xj = jax.device_put((params, state, x))
+    ours = lambda: forward(params, state, xj)  # noqa: E731
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    theirs = lambda: session.run(["prob"], {"data": x})[0]  # noqa: E731
+    mine = np.asarray(check(params, state, xj))
+    other = session.run([logits], {"data": x})[0]
+    gap = np.abs(mine - other).max() / np.abs(mine).max()
+    assert gap < 1e-4, f"{name}: the logits differ by {gap:.2e}"
+    note = f"export {export_s:.1f} s, logits within {gap:.1e}"
+    row = Row(f"{name} b{batch} forward", "onnxruntime", note=note)
+    return measure(row, ours, lambda: theirs, calls, blocks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    args = parser.parse_args()
+    configure_jax(compile_cache=False)
+    folder = Path(tempfile.mkdtemp(prefix="caffe2jax-onnx-bench-"))
+    nets = [("GoogLeNet", GOOGLENET), ("ResNet-50", resnet50(folder / "resnet50.prototxt",
+                                                             args.batch))]  # fmt: skip
+    rows = [case(n, p, args.batch, folder, args.calls, args.blocks) for n, p in nets]
+    info = machine()
+    import onnxruntime
+
+    info["onnxruntime"] = onnxruntime.__version__
+    title = f"onnxruntime {onnxruntime.__version__} on caffe2jax's ONNX export vs caffe2jax"
+    write("onnx-runtime", title, rows, info, "python benchmarks/onnx_runtime.py " +
+          " ".join(sys.argv[1:]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
