@@ -65,9 +65,10 @@ def sweep_cases() -> dict[str, str]:
     return cases
 
 
-# Checked by their own tests below or in tests/runtime/data (ImageData needs image files).
+# Checked by their own tests below or in tests/runtime/data (ImageData needs image files;
+# MatWrite: tests/runtime/data/test_mat_write.py).
 SWEPT_ELSEWHERE = {"ImageData", "WindowData", "HDF5Output", "DenseImageData", "ImageSegData",
-                   "VideoData", "AnnotatedData", "RoIData"}  # fmt: skip
+                   "VideoData", "AnnotatedData", "RoIData", "MatWrite"}  # fmt: skip
 
 
 def test_every_registered_type_is_covered_by_the_sweep():
