@@ -37,7 +37,7 @@ Arrays = Sequence[jax.Array]
 # -- ReLU6 -------------------------------------------------------------------------------------
 
 
-def _relu6_slope(layer: ir.Layer) -> float:
+def relu6_slope(layer: ir.Layer) -> float:
     p = layer.param
     return (
         p.relu6_param.negative_slope if p.HasField("relu6_param") else p.relu_param.negative_slope
@@ -48,7 +48,7 @@ def _relu6_slope(layer: ir.Layer) -> float:
 def relu6(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[jax.Array]:
     """ReLU6Layer: the ReLU (with its negative slope) clipped at 6."""
     (x,) = bottoms
-    slope = _relu6_slope(layer)
+    slope = relu6_slope(layer)
     negative = x * slope if slope else jnp.zeros_like(x)
     six = jnp.full_like(x, 6.0)
     return [jnp.where(x > 0, jnp.where(x < 6, x, six), negative)]

@@ -36,15 +36,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
+from caffe2jax.lowering.layers.loss import LOG_FLT_MIN
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import canonical_axis, count, fail
 
 _MODE = caffe_pb2.LossParameter
-_LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
 
 
 def _mode(layer: ir.Layer) -> int:
@@ -86,7 +85,7 @@ def softmax_with_loss_ohem(layer, params, bottoms, ctx):
         jax.nn.log_softmax(z, axis=1), jnp.clip(lab, 0, classes - 1)[:, None], axis=1
     )[:, 0]
     # value −log(max(p, FLT_MIN)); gradient p − onehot (the fork's backward ignores the clamp)
-    nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
+    nll = -picked - lax.stop_gradient(jnp.maximum(picked, LOG_FLT_MIN) - picked)
     lp = layer.param.loss_param
     counted = lab != lp.ignore_label if lp.HasField("ignore_label") else lab >= 0
     in_range = (lab >= 0) & (lab < classes)

@@ -39,19 +39,18 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.layers import loss, neuron
 from caffe2jax.lowering.layers.data import from_source
+from caffe2jax.lowering.layers.loss import LOG_FLT_MIN
 from caffe2jax.lowering.registry import Context, ParamDecl, Shape, register
 from caffe2jax.lowering.util import CHANNEL_AXES, canonical_axis, count, fail
 
 Arrays = Sequence[jax.Array]
 SEGNET_EPS = 1e-9  # caffe-segnet bn_layer.cpp: var_eps_, not a parameter
 LEARN = caffe_pb2.BNParameter.LEARN
-_LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
 
 
 # -- BN -----------------------------------------------------------------------------------------
@@ -208,7 +207,7 @@ def segnet_softmax_loss(layer: ir.Layer, x: jax.Array, label: jax.Array, axis: i
     lab = lax.stop_gradient(label).reshape(outer, inner).astype(jnp.int32)
     safe = jnp.clip(lab, 0, classes - 1)
     picked = jnp.take_along_axis(jax.nn.log_softmax(z, axis=1), safe[:, None], axis=1)[:, 0]
-    nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
+    nll = -picked - lax.stop_gradient(jnp.maximum(picked, LOG_FLT_MIN) - picked)
     weights = _weights(layer, classes, x.dtype)
     if weights is not None:
         nll = nll * weights[safe]

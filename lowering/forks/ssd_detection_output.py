@@ -53,7 +53,9 @@ def _warn_unsaved(layer: ir.Layer) -> None:
                       UserWarning, stacklevel=2)  # fmt: skip
 
 
-def _settings(layer: ir.Layer, num_priors: int) -> dict:
+def detection_settings(layer: ir.Layer, num_priors: int) -> dict:
+    """The layer's detection_output_param as DetectionOutputLayer::LayerSetUp reads and checks
+    it (``top_k`` unset or −1: every prior); shared with the ONNX exporter."""
     p = layer.param.detection_output_param
     if not p.HasField("num_classes"):
         raise fail(layer, "must specify num_classes")
@@ -128,7 +130,7 @@ def detection_output(layer, params, bottoms, ctx):
     """SSD's DetectionOutputLayer::Forward_cpu with a static, padded top (module docstring)."""
     loc, conf, prior = (lax.stop_gradient(b) for b in bottoms)
     p = prior.shape[-1] // 4
-    s = _settings(layer, max(p, 1))
+    s = detection_settings(layer, max(p, 1))
     p = _check(layer, loc, conf, prior, s)
     n = loc.shape[0]
     loc_classes = 1 if s["shared"] else s["classes"]

@@ -44,12 +44,12 @@ from jax import lax
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.boxes.coders import decode_boxes, encode_boxes
 from caffe2jax.lowering.boxes.matching import ground_truth, match_boxes
+from caffe2jax.lowering.layers.loss import LOG_FLT_MIN, loss_normalization
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import count, fail
 
 Mb = caffe_pb2.MultiBoxLossParameter
 _MODE = caffe_pb2.LossParameter
-_LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,6 @@ class Settings:
     normalization: int
     loc_on: bool
     conf_on: bool
-
-
-def _normalization(layer: ir.Layer) -> int:
-    lp = layer.param.loss_param
-    if not lp.HasField("normalization") and lp.HasField("normalize"):
-        return _MODE.VALID if lp.normalize else _MODE.BATCH_SIZE
-    return lp.normalization
 
 
 def _validate(layer: ir.Layer, p) -> None:
@@ -122,7 +115,7 @@ def _settings(layer: ir.Layer) -> Settings:
         agnostic=p.map_object_to_agnostic, cross=p.ignore_cross_boundary_bbox,
         bp_inside=p.bp_inside, l2=p.loc_loss_type == Mb.L2,
         logistic=p.conf_loss_type == Mb.LOGISTIC, loc_weight=p.loc_weight,
-        normalization=_normalization(layer),
+        normalization=loss_normalization(layer, _MODE.VALID),
         loc_on=down[0] if down else True, conf_on=down[1] if down else True,
     )  # fmt: skip
 
@@ -161,7 +154,7 @@ def _per_prior_conf_loss(conf, target, s: Settings):
         t = jax.nn.one_hot(target, s.classes, dtype=conf.dtype)
         return jnp.sum(jnp.maximum(conf, 0) - conf * t + jnp.log1p(jnp.exp(-jnp.abs(conf))), -1)
     picked = jnp.take_along_axis(jax.nn.log_softmax(conf, -1), target[..., None], -1)[..., 0]
-    return -jnp.maximum(picked, _LOG_FLT_MIN)
+    return -jnp.maximum(picked, LOG_FLT_MIN)
 
 
 def _top_mask(loss, eligible, k):
@@ -221,7 +214,7 @@ def _conf_sum(conf, rows, target, s: Settings):
         terms = jnp.maximum(conf, 0) - conf * t + jnp.log1p(jnp.exp(-jnp.abs(conf)))
         return jnp.sum(jnp.where(rows[..., None], terms, 0.0))
     picked = jnp.take_along_axis(jax.nn.log_softmax(conf, -1), target[..., None], -1)[..., 0]
-    nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
+    nll = -picked - lax.stop_gradient(jnp.maximum(picked, LOG_FLT_MIN) - picked)
     return jnp.sum(jnp.where(rows, nll, 0.0))
 
 

@@ -30,7 +30,7 @@ from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import canonical_axis, count, fail
 
 _MODE = caffe_pb2.LossParameter
-_LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))  # Caffe clamps prob at FLT_MIN
+LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))  # Caffe clamps prob at FLT_MIN
 _LOG_THRESHOLD = 1e-20  # Caffe's kLOG_THRESHOLD (InfogainLoss, MultinomialLogisticLoss)
 
 # -- shared helpers -----------------------------------------------------------------------
@@ -46,7 +46,7 @@ def check_first_dim(layer: ir.Layer, a: jax.Array, b: jax.Array) -> None:
         )
 
 
-def _normalization(layer: ir.Layer, default: int) -> int:
+def loss_normalization(layer: ir.Layer, default: int) -> int:
     """``normalization`` if set, else legacy ``normalize`` (true: VALID, false: BATCH_SIZE)."""
     lp = layer.param.loss_param
     if lp.HasField("normalization"):
@@ -124,9 +124,9 @@ def softmax_with_loss(layer, params, bottoms, ctx):
     picked = _pick(jax.nn.log_softmax(z, axis=1), lab)
     # The value is Caffe's clamped −log(max(p, FLT_MIN)); the gradient stays p − onehot, as
     # Caffe's backward ignores the clamp.
-    nll = -picked - lax.stop_gradient(jnp.maximum(picked, _LOG_FLT_MIN) - picked)
+    nll = -picked - lax.stop_gradient(jnp.maximum(picked, LOG_FLT_MIN) - picked)
     valid = _loss_valid(layer, lab)
-    mode = _normalization(layer, _MODE.VALID)
+    mode = loss_normalization(layer, _MODE.VALID)
     norm = _normalizer(mode, z.shape[0], z.shape[2], valid, x.dtype)
     tops = [jnp.sum(_masked(nll, lab, z.shape[1], valid)) / norm]
     if len(layer.tops) > 1:
@@ -154,7 +154,7 @@ def sigmoid_cross_entropy_loss(layer, params, bottoms, ctx):
     t = lax.stop_gradient(target).reshape(x.shape)
     valid = _loss_valid(layer, t.astype(jnp.int32))
     term = jnp.where(valid, jax.nn.softplus(x) - x * t, 0)
-    mode = _normalization(layer, _MODE.BATCH_SIZE)
+    mode = loss_normalization(layer, _MODE.BATCH_SIZE)
     norm = _normalizer(mode, x.shape[0], count(x.shape, 1), valid, x.dtype)
     return [jnp.sum(term) / norm]
 

@@ -129,7 +129,7 @@ def power(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> lis
     return [jnp.power(base, jnp.asarray(p.power, x.dtype))]
 
 
-def _log_base(layer: ir.Layer, base: float) -> float:
+def caffe_log_base(layer: ir.Layer, base: float) -> float:
     """Caffe's ``log_base``: 1 for the default ``base = −1`` (e), else ``ln(base)``, base > 0."""
     if base == -1:
         return 1.0
@@ -144,7 +144,7 @@ def exp(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[
     ``outer·exp(inner·x)`` with ``inner = ln(base)·scale`` and ``outer = base^shift``."""
     (x,) = bottoms
     p = layer.param.exp_param
-    log_base = _log_base(layer, p.base)
+    log_base = caffe_log_base(layer, p.base)
     inner = log_base * p.scale
     outer = 1.0 if p.shift == 0 else math.exp(log_base * p.shift)
     y = jnp.exp(x * inner if inner != 1 else x)
@@ -156,7 +156,7 @@ def log(layer: ir.Layer, params: Arrays, bottoms: Arrays, ctx: Context) -> list[
     """LogLayer: ``y = log_base(shift + scale·x)`` (base −1 means e); base 1 is refused."""
     (x,) = bottoms
     p = layer.param.log_param
-    log_base = _log_base(layer, p.base)
+    log_base = caffe_log_base(layer, p.base)
     if log_base == 0:
         raise fail(layer, "base 1 has no logarithm (1/log(base) is infinite)")
     inner = x * p.scale if p.scale != 1 else x

@@ -23,32 +23,12 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from caffe2jax.lowering.forks.ssd_detection_output import CodeType
+from caffe2jax.lowering.forks.ssd_detection_output import CodeType, detection_settings
 from caffe2jax.runtime.onnx.builder import FLT_MAX, Builder
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
 
 NEG_INF = float("-inf")
-
-
-def settings(site: Site, priors: int) -> dict:
-    """The layer's detection_output_param as the steps read it (checked when the net was
-    compiled); ``top_k`` unset or −1 means every prior."""
-    p = site.param.detection_output_param
-    nms = p.nms_param
-    top_k = nms.top_k if nms.HasField("top_k") and nms.top_k > -1 else priors
-    return dict(
-        classes=p.num_classes,
-        shared=p.share_location,
-        background=p.background_label_id,
-        threshold=p.confidence_threshold if p.HasField("confidence_threshold") else None,
-        top_k=min(top_k, priors),
-        keep_top_k=p.keep_top_k,
-        nms=nms.nms_threshold,
-        eta=nms.eta,
-        code=p.code_type,
-        encoded=p.variance_encoded_in_target,
-    )
 
 
 def decode(g: Builder, prior: str, variance: str, loc: str, code: int, encoded: bool) -> str:
@@ -203,7 +183,7 @@ def detection_output(site: Site) -> list[str]:
     g = site.g
     loc_shape, conf_shape, prior_shape = site.bottom_shapes
     priors = prior_shape[-1] // 4
-    s = settings(site, max(priors, 1))
+    s = detection_settings(site.layer, max(priors, 1))
     if s["eta"] < 1 and s["nms"] > 0.5:
         site.refuse("adaptive NMS (eta < 1) has no ONNX form")
     if not (site.batch_at(0) and site.batch_at(1)):

@@ -11,7 +11,7 @@ lowering/fork_neuron.py):
 
 from __future__ import annotations
 
-from caffe2jax.lowering.forks.mobile import depthwise
+from caffe2jax.lowering.forks.mobile import depthwise, relu6_slope
 from caffe2jax.runtime.onnx.layers.vision import convolution_group
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
@@ -51,8 +51,7 @@ def axpy(site: Site) -> list[str]:
 def relu6(site: Site) -> list[str]:
     g = site.g
     (x,) = site.bottoms
-    p = site.param  # eric612's relu6_param, or a ReLUParameter under relu_param
-    slope = (p.relu6_param if p.HasField("relu6_param") else p.relu_param).negative_slope
+    slope = relu6_slope(site.layer)
     if not slope:
         return [g.op("Clip", [x, g.f32(0.0), g.f32(6.0)])]
     positive = g.op("Greater", [x, g.f32(0.0)])

@@ -19,12 +19,11 @@ from onnx import TensorProto
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.forks.forms import FORMS
+from caffe2jax.lowering.layers.loss import LOG_FLT_MIN, loss_normalization
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
 
 _MODE = caffe_pb2.LossParameter
-#: Caffe clamps the probability at FLT_MIN: −log(p) is at most −log(FLT_MIN)
-LOG_FLT_MIN = float(np.log(np.finfo(np.float32).tiny))
 #: Loss layers refused with the hint to export the blobs they read.
 LOSSES = ("ContrastiveLoss", "EuclideanLoss", "HingeLoss", "InfogainLoss", "MultiBoxLoss",
           "MultinomialLogisticLoss", "SigmoidCrossEntropyLoss", "SmoothL1Loss", "CtcLoss",
@@ -66,17 +65,6 @@ def _counted(site: Site, lab: str, ignore: int | None) -> str:
     return g.op("Not", [g.op("Equal", [lab, g.i64(ignore)])])
 
 
-def normalization(site: Site) -> int:
-    """``normalization`` if set, else legacy ``normalize`` (true: VALID, false: BATCH_SIZE);
-    VALID by default (SoftmaxWithLoss)."""
-    lp = site.param.loss_param
-    if lp.HasField("normalization"):
-        return lp.normalization
-    if lp.HasField("normalize"):
-        return _MODE.VALID if lp.normalize else _MODE.BATCH_SIZE
-    return _MODE.VALID
-
-
 def _normalizer(site: Site, mode: int, lab: str, valid: str) -> str:
     g = site.g
     if mode == _MODE.VALID:
@@ -102,7 +90,7 @@ def softmax_with_loss(site: Site) -> list[str]:
     term = g.where(valid, g.where(_in_range(site, lab, classes), nll, g.f32(np.nan)),
                    g.f32(0.0))  # fmt: skip
     total = g.reduce("ReduceSum", term, [0, 1], keepdims=False)
-    norm = _normalizer(site, normalization(site), lab, valid)
+    norm = _normalizer(site, loss_normalization(site.layer, _MODE.VALID), lab, valid)
     tops = [g.op("Div", [total, norm])]
     if len(site.tops) > 1:
         tops.append(g.op("Softmax", [site.bottoms[0]], axis=axis))

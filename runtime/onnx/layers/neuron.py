@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from caffe2jax.lowering.layers.neuron import caffe_log_base
 from caffe2jax.runtime.onnx.registry import register
 from caffe2jax.runtime.onnx.site import Site
 
@@ -85,19 +86,10 @@ def power(site: Site) -> list[str]:
     return [g.op("Pow", [base, g.f32(p.power)])]
 
 
-def log_base_of(site: Site, base: float) -> float:
-    """Caffe's ``log_base``: 1 for the default ``base = −1`` (e), else ``ln(base)``, base > 0."""
-    if base == -1:
-        return 1.0
-    if not base > 0:
-        site.refuse(f"base must be strictly positive (or -1 for e), got {base}")
-    return math.log(base)
-
-
 @register("Exp")
 def exp(site: Site) -> list[str]:
     p = site.param.exp_param
-    log_base = log_base_of(site, p.base)
+    log_base = caffe_log_base(site.layer, p.base)
     inner = log_base * p.scale
     outer = 1.0 if p.shift == 0 else math.exp(log_base * p.shift)
     g = site.g
@@ -109,7 +101,7 @@ def exp(site: Site) -> list[str]:
 @register("Log")
 def log(site: Site) -> list[str]:
     p = site.param.log_param
-    log_base = log_base_of(site, p.base)
+    log_base = caffe_log_base(site.layer, p.base)
     if log_base == 0:
         site.refuse("base 1 has no logarithm")
     g = site.g
