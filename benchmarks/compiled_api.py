@@ -5,7 +5,7 @@ against the caller's own ``jax.jit(model.apply)``, both warm, in alternating blo
 
 ``--eager`` adds the op-by-op path (``jax.disable_jit()``, what a direct call cost before
 ``apply`` was compiled) on GoogLeNet only — PSPNet op by op takes minutes a call. PSPNet is the
-fork development set's PSPNet-101 (Cityscapes) prototxt at 473×473, batch 1, random weights.
+fork development set's PSPNet-101 (Cityscapes) prototxt at its own 713×713 (its pyramid pooling kernels are sized for it), batch 1, random weights.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from caffe2jax.cli.main import configure_jax  # noqa: E402
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CASES = {
     "googlenet": (SHARED / "caffe/models/models/bvlc_googlenet/deploy.prototxt", 224, 3),
-    "pspnet": (SHARED / "forks/models/pspnet101_cityscapes_713.prototxt", 473, 1),
+    "pspnet": (SHARED / "forks/models/pspnet101_cityscapes_713.prototxt", 713, 1),
 }
 
 
