@@ -5,7 +5,8 @@ against the caller's own ``jax.jit(model.apply)``, both warm, in alternating blo
 
 ``--eager`` adds the op-by-op path (``jax.disable_jit()``, what a direct call cost before
 ``apply`` was compiled) on GoogLeNet only — PSPNet op by op takes minutes a call. PSPNet is the
-fork development set's PSPNet-101 (Cityscapes) prototxt at its own 713×713 (its pyramid pooling kernels are sized for it), batch 1, random weights.
+fork development set's PSPNet-101 (Cityscapes) prototxt at its own 713×713 (its pyramid pooling
+windows are sized for it), batch 1, random weights.
 """
 
 from __future__ import annotations
