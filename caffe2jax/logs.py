@@ -1,7 +1,10 @@
-"""Caffe-shaped logging: glog line prefixes, a log file, and a progress bar on terminals.
+"""Caffe-shaped logging: glog line prefixes, a log file, and a progress bar (tqdm) on terminals.
 
 Lines look like Caffe's (``I1122 19:20:43.994473 12345 solver.py:220] Iteration 100, loss =
-0.3``), so Caffe's own log tools (parse_log.py, plot_training_log.py) read our logs.
+0.3``), so Caffe's own log tools (parse_log.py, plot_training_log.py) read our logs. The prefix is
+written here, not by ``absl.logging``: absl's ``get_absl_log_prefix`` has glog's layout but
+puts Python's thread ident (``threading.get_ident()``, a 15-digit address) where glog puts a
+5-wide process/thread id, so its lines are not Caffe's.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TextIO
+
+from tqdm import tqdm
 
 LOGGER = "caffe2jax"
 _LEVELS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E"}
@@ -31,26 +36,39 @@ class GlogFormatter(logging.Formatter):
 
 
 class ProgressBar:
-    """A one-line progress bar redrawn in place on a terminal."""
+    """Training's progress bar, drawn by tqdm: iterations done of ``total``, the rate, the time
+    left (ETA) and a status (the last loss, the input wait). Lines that must stay on screen
+    are written above it (:meth:`write`, tqdm's ``write``), never through it."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 30):
-        self.total, self.stream, self.width = max(total, 1), stream, width
-        self.start = time.perf_counter()
-        self.status = ""
+    def __init__(self, total: int, stream: TextIO = sys.stderr):
+        self.stream, self.started = stream, False
+        self.bar = tqdm(total=max(total, 1), file=stream, unit="iter", dynamic_ncols=True,
+                        mininterval=0.2, smoothing=0.1)  # fmt: skip
 
-    def update(self, done: int, start: int = 0) -> None:
-        frac = min(max(done - start, 0) / max(self.total - start, 1), 1.0)
-        filled = int(frac * self.width)
-        elapsed = time.perf_counter() - self.start
-        rate = (done - start) / elapsed if elapsed > 0 else 0.0
-        bar = "=" * filled + (">" if filled < self.width else "") + " " * (self.width - filled - 1)
-        line = f"\r[{bar}] {done}/{self.total} iters {rate:6.1f} it/s {self.status}"
-        self.stream.write(line[:120].ljust(80))
-        self.stream.flush()
+    @property
+    def status(self) -> str:
+        return self.bar.postfix or ""
+
+    @status.setter
+    def status(self, text: str) -> None:
+        self.bar.set_postfix_str(text, refresh=False)
+
+    def update(self, done: int) -> None:
+        """``done`` iterations are done (the bar redraws at most every 0.2 s). The first call
+        starts the clock there: a resumed run's rate and ETA count its own iterations only."""
+        if not self.started:
+            self.started = True
+            self.bar.reset(self.bar.total)
+            self.bar.initial = self.bar.n = self.bar.last_print_n = max(done - 1, 0)
+        if done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+
+    def write(self, line: str) -> None:
+        """``line`` above the bar, which is redrawn below it."""
+        self.bar.write(line, file=self.stream)
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        self.bar.close()
 
 
 def setup(

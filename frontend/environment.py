@@ -49,7 +49,9 @@ _ALL = (
     Variable("CAFFE2JAX_NO_COMPILE_CACHE", "unset, or anything but `0` to turn it off",
              "turns JAX's persistent compilation cache off (as `--no-compile-cache`)",
              "runtime/compile_cache.py"),
-    Variable("CAFFE2JAX_CACHE_DIR", "unset: `$XDG_CACHE_HOME/caffe2jax/xla`",
+    Variable("CAFFE2JAX_CACHE_DIR",
+             "unset: the OS's user cache folder + `caffe2jax/xla` (`~/.cache/caffe2jax/xla` on "
+             "Linux)",
              "the folder of the compilation cache", "runtime/compile_cache.py"),
     Variable("CAFFE2JAX_DEFAULT_JAX_CACHE_DIR", "set by caffe2jax, not by users",
              "marks `JAX_COMPILATION_CACHE_DIR` as caffe2jax's default (not the user's "

@@ -187,7 +187,7 @@ def _progress_handler(bar: logs.ProgressBar, shown: dict) -> logging.Handler:
         def emit(self, record: logging.LogRecord) -> None:
             message = record.getMessage()
             if "Test net output" in message or "Optimization Done" in message:
-                bar.stream.write("\r" + message.strip().ljust(80) + "\n")
+                bar.write(message.strip())
                 shown["status"] = message.strip().split(": ", 1)[-1][:40]
             elif ", loss = " in message:
                 shown["status"] = "loss " + message.rsplit("= ", 1)[-1]

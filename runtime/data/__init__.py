@@ -27,7 +27,7 @@ from caffe2jax.runtime.data.transform.image import (
     decode_image,
     encode_image,
     read_image,
-    resize_bilinear,
+    resize,
 )
 from caffe2jax.runtime.data.transform.transformer import DataTransformer
 from caffe2jax.runtime.data.workers import available_cores, default_workers, set_default_workers
@@ -60,7 +60,7 @@ __all__ = [
     "prefetch_depth",
     "read_blobproto",
     "read_image",
-    "resize_bilinear",
+    "resize",
     "set_default_workers",
     "write_blobproto",
 ]

@@ -7,10 +7,11 @@ images of one (Pillow's decoder, the fallback, 1.5×). Threads write straight in
 being filled: no process boundary, nothing pickled or copied.
 
 The number of workers defaults to the cores this process may run on: its CPU affinity
-(``sched_getaffinity``), capped by a cgroup CPU quota (``cpu.max``, or cgroup v1's
-``cpu.cfs_quota_us``), as a container limits it. ``CAFFE2JAX_DATA_WORKERS`` or
-:func:`set_default_workers` (the CLI's ``--data_workers``) sets it; 0 decodes in the
-prefetch thread itself, as Caffe's one prefetch thread per data layer does.
+(psutil's ``cpu_affinity``, every OS that has one), capped by the CPU quota of the process's
+own cgroup (``cpu.max``, or cgroup v1's ``cpu.cfs_quota_us``, as a container limits it; read
+here because loky's and joblib's ``cpu_count`` read only the hierarchy's root).
+``CAFFE2JAX_DATA_WORKERS`` or :func:`set_default_workers` (the CLI's ``--data_workers``) sets
+it; 0 decodes in the prefetch thread itself, as Caffe's one prefetch thread per data layer does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import psutil
 
 from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError
@@ -69,9 +72,9 @@ def _read_quota(file: Path) -> float | None:
 def available_cores() -> int:
     """The cores this process may use: its affinity, capped by its cgroup's CPU quota
     (rounded up: a quota of 1.5 CPUs keeps 2 workers busy part of the time)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+    try:  # psutil: Linux, Windows and FreeBSD; macOS has no affinity
+        cores = len(psutil.Process().cpu_affinity())
+    except (AttributeError, OSError, psutil.Error):
         cores = os.cpu_count() or 1
     quota = _cgroup_quota()
     if quota is not None:

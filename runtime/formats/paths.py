@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
+
 NAME_MAX = 255  # bytes of one path component (Linux file systems; statvfs may say less)
 PATH_MAX = 4096
 # the longest snapshot file name beyond the prefix's last part (iteration up to INT_MAX,
@@ -43,23 +45,19 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def filesystem_of(path: Path) -> str:
-    """The type of the file system ``path`` lies on (from /proc/self/mountinfo; "" if
-    unknown)."""
+    """The type of the file system ``path`` lies on: the longest mount point above it in
+    psutil's ``disk_partitions(all=True)`` (every OS); "" if unknown."""
     try:
         real = os.path.realpath(path)
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except (OSError, ValueError):
+        mounts = psutil.disk_partitions(all=True)
+    except (OSError, ValueError, RuntimeError):
         return ""
     best, kind = "", ""
-    for line in mounts:
-        head, sep, tail = line.partition(" - ")
-        fields = head.split()
-        if not sep or len(fields) < 5 or not tail.split():
-            continue
-        point = fields[4].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
+    for mount in mounts:
+        point = mount.mountpoint
+        inside = real == point or real.startswith(point.rstrip(os.sep) + os.sep)
         if inside and len(point) >= len(best):
-            best, kind = point, tail.split()[0]
+            best, kind = point, mount.fstype
     return kind
 
 

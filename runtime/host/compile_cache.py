@@ -2,8 +2,9 @@
 pycaffe, the CLI): a second run of a net loads its compiled programs from disk instead of
 compiling them again.
 
-The cache lives in ``$CAFFE2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe2jax/xla``
-(``~/.cache/caffe2jax/xla``). ``CAFFE2JAX_NO_COMPILE_CACHE=1`` (or the CLI's
+The cache lives in ``$CAFFE2JAX_CACHE_DIR``, else in the OS's user cache folder (platformdirs):
+``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/caffe2jax/xla``) on Linux.
+``CAFFE2JAX_NO_COMPILE_CACHE=1`` (or the CLI's
 ``--no-compile-cache``) turns it off. A cache the user configured for JAX themselves
 (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is left as it is. Every program is kept,
 however fast it compiled: a pycaffe script compiles a handful, most under a second, and each
@@ -15,6 +16,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+import platformdirs
 
 from caffe2jax.frontend import environment
 
@@ -35,11 +38,12 @@ _decided = False  # an entry point chose (the CLI's --no-compile-cache): the def
 
 
 def cache_dir() -> Path:
-    """``$CAFFE2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/...``)."""
+    """``$CAFFE2JAX_CACHE_DIR``, else the OS's user cache folder (platformdirs) + ``caffe2jax/xla``:
+    ``$XDG_CACHE_HOME/caffe2jax/xla`` (``~/.cache/...``) on Linux, ``~/Library/Caches/...`` on
+    macOS, ``%LOCALAPPDATA%\\caffe2jax\\Cache\\xla`` on Windows."""
     if environment.value(CACHE_DIR_ENV):
         return Path(environment.value(CACHE_DIR_ENV))
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "caffe2jax" / "xla"
+    return Path(platformdirs.user_cache_dir("caffe2jax", appauthor=False)) / "xla"
 
 
 def switched_off() -> bool:

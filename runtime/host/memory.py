@@ -1,28 +1,34 @@
 """How much memory this process may still use, and whether a net's blobs fit in it (checked
 before compiling: XLA would otherwise try, and fail or swap, long after the user's mistake).
 
-The host figure is the smallest of what the machine has free (``MemAvailable``) and what the
-process's own limits leave: its address-space and data-segment limits (``ulimit -v``/``-d``,
-RLIMIT_AS/RLIMIT_DATA, against what it already maps) and its cgroup's memory limit (v2
-``memory.max`` − ``memory.current``, v1 ``memory.limit_in_bytes`` − ``memory.usage_in_bytes``,
-the cgroup and its ancestors). A container or ``ulimit -v`` user is refused with the figure
-and the limit that binds, not killed by the allocation the check exists to prevent.
+The host figure is the smallest of what the machine has free (``MemAvailable``, read by
+psutil on every OS) and what the process's own limits leave: its address-space and data-segment
+limits (``ulimit -v``/``-d``, RLIMIT_AS/RLIMIT_DATA, against what it already maps; psutil reads
+them on Linux and FreeBSD, elsewhere the check is off and said once in the log) and its
+cgroup's memory limit (v2 ``memory.max`` − ``memory.current``, v1 ``memory.limit_in_bytes`` −
+``memory.usage_in_bytes``, the cgroup and its ancestors: a walk no library does, over psutil's
+list of mounts). A container or ``ulimit -v`` user is refused with the figure and the limit
+that binds, not killed by the allocation the check exists to prevent.
 ``$CAFFE2JAX_CGROUP_DIR`` names a cgroup folder to read instead of the process's own (tests
 simulate a limit with it where no cgroup can be made).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-import os
-import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from caffe2jax.frontend import environment
 from caffe2jax.frontend.errors import DataError, NetError
 from caffe2jax.lowering.limits import shape_problem, show_shape
+
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 CGROUP_ENV = "CAFFE2JAX_CGROUP_DIR"
@@ -50,52 +56,44 @@ def gib(n: float) -> str:
 
 
 def _meminfo() -> Budget | None:
+    """What the machine has free (psutil: ``MemAvailable`` on Linux, the OS's own figure
+    elsewhere)."""
     try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return Budget(int(line.split()[1]) * 1024, "free host memory, MemAvailable")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return Budget(total, "host RAM")
-    except (ValueError, OSError):
+        return Budget(int(psutil.virtual_memory().available), "free host memory, MemAvailable")
+    except (OSError, RuntimeError, AttributeError):
         return None
-
-
-def _status_kib(field: str) -> int:
-    """A ``Vm*`` figure of /proc/self/status in bytes (0 where unknown)."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _after_headroom(left: int) -> int:
     return max(0, left - HEADROOM - left // 10)
 
 
+@functools.cache
+def _rlimits_unsupported() -> bool:
+    """Whether psutil reads no rlimits here (macOS, Windows): the check is off, said once."""
+    if hasattr(psutil.Process, "rlimit") and hasattr(psutil, "RLIMIT_AS"):
+        return False
+    log.info("memory budget: this platform reports no RLIMIT_AS/RLIMIT_DATA; not checked")
+    return True
+
+
 def _rlimits() -> list[Budget]:
+    """RLIMIT_AS and RLIMIT_DATA (``ulimit -v``/``-d``) against what the process maps
+    (psutil's ``vms`` and ``data``: /proc/self/statm)."""
+    if _rlimits_unsupported():
+        return []
+    process = psutil.Process()
+    mapped = process.memory_info()
     out = []
-    for name, flag, used_field in (
-        ("RLIMIT_AS", "ulimit -v", "VmSize"),
-        ("RLIMIT_DATA", "ulimit -d", "VmData"),
+    for name, flag, used in (
+        ("RLIMIT_AS", "ulimit -v", mapped.vms),
+        ("RLIMIT_DATA", "ulimit -d", getattr(mapped, "data", 0)),
     ):
-        soft, _ = resource.getrlimit(getattr(resource, name))
-        if soft == resource.RLIM_INFINITY or soft < 0:
+        soft, _ = process.rlimit(getattr(psutil, name))
+        if soft == psutil.RLIM_INFINITY or soft < 0:
             continue
-        used = _status_kib(used_field)
-        out.append(
-            Budget(
-                _after_headroom(soft - used),
-                f"{name} ({flag}) {gib(soft)}, {gib(used)} in use",
-            )
-        )
+        out.append(Budget(_after_headroom(soft - used),
+                          f"{name} ({flag}) {gib(soft)}, {gib(used)} in use"))  # fmt: skip
     return out
 
 
@@ -138,9 +136,9 @@ def _cgroup_folders() -> list[Path]:
         return [Path(override)]
     try:
         groups = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return []
+    mounts = [m for m in _mounts() if m.fstype in ("cgroup", "cgroup2")]
     folders = []
     for line in groups:
         parts = line.split(":", 2)
@@ -151,20 +149,25 @@ def _cgroup_folders() -> list[Path]:
         if not v2 and "memory" not in controllers.split(","):
             continue
         for mount in mounts:
-            head, sep, tail = mount.partition(" - ")
-            fields, after = head.split(), tail.split()
-            if not sep or len(fields) < 5 or len(after) < 3:
+            if mount.fstype != ("cgroup2" if v2 else "cgroup"):
                 continue
-            kind, options = after[0], after[2].split(",")
-            if kind != ("cgroup2" if v2 else "cgroup") or (not v2 and "memory" not in options):
+            if not v2 and "memory" not in mount.opts.split(","):
                 continue
-            folders += _ancestors(Path(fields[4]), fields[3], path)
+            folders += _ancestors(Path(mount.mountpoint), path)
     return folders
 
 
-def _ancestors(mount: Path, mount_root: str, path: str) -> list[Path]:
-    rel = os.path.relpath(path, mount_root) if path.startswith(mount_root) else path
-    inner = (mount / rel.lstrip("/")).resolve() if rel not in (".", "/") else mount
+def _mounts() -> list:
+    """The mounted file systems (psutil's ``disk_partitions``: mount point, type, options)."""
+    try:
+        return psutil.disk_partitions(all=True)
+    except (OSError, RuntimeError):
+        return []
+
+
+def _ancestors(mount: Path, path: str) -> list[Path]:
+    """The cgroup folder of ``path`` under ``mount`` and its ancestors up to the mount."""
+    inner = (mount / path.lstrip("/")).resolve() if path not in (".", "/") else mount
     if not inner.is_dir():  # a cgroup namespace: the mount shows our own cgroup
         inner = mount
     out = [inner]

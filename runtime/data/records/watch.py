@@ -16,7 +16,7 @@ position to another database.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from caffe2jax.frontend.errors import DataError
+
+try:  # POSIX only; leases are Linux's (F_SETLEASE)
+    import fcntl
+except ImportError:  # Windows: no leases (said once, by leases_supported)
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,18 @@ def describe(path: Path, before: Stamp, now: Stamp | None, is_dir: bool) -> str:
     return ""
 
 
+@functools.cache
+def leases_supported() -> bool:
+    """Whether this platform has Linux's file leases (``fcntl.F_SETLEASE``); where not, a
+    database replaced under a running reader is still noticed by its stamps, but a truncation
+    is not held off: said once in the log."""
+    if fcntl is not None and hasattr(fcntl, "F_SETLEASE") and hasattr(signal, "SIGURG"):
+        return True
+    log.info("database leases: not on this platform; a database truncated during a run is "
+             "noticed by its stamps only")  # fmt: skip
+    return False
+
+
 class Lease:
     """A read lease on a file (Linux ``F_SETLEASE``): another process's open for writing or
     truncation of it waits (up to ``/proc/sys/fs/lease-break-time``) until the holder lets go,
@@ -87,6 +104,8 @@ class Lease:
 
     def __init__(self, path: Path) -> None:
         self.fd: int | None = None
+        if not leases_supported():
+            return
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:

@@ -32,7 +32,8 @@ MAX_SIDE = 1 << 20  # OpenCV's CV_IO_MAX_IMAGE_WIDTH / _HEIGHT
 MAX_PIXELS = 1 << 30  # OpenCV's CV_IO_MAX_IMAGE_PIXELS
 # Decoding holds the decoded pixels, a 3-channel copy, the C×H×W array and its float batch row.
 DECODE_COPIES = 4
-# resize_bilinear's int64 intermediates: the horizontal sums and two vertical halves.
+# A resize's bytes per output element, an upper bound on cv::resize's working rows and output
+# (int64 horizontal sums and two vertical halves, as a fixed-point bilinear resize needs).
 RESIZE_BYTES = 8 * 3
 # Below this, an image's decoding or resize is not weighed against the memory budget (reading
 # the limits costs a few file reads: per image of a 100000-image batch, a slow path).

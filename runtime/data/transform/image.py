@@ -18,10 +18,10 @@ chooses. Both give the same pixels for JPEG (libjpeg-turbo's default IDCT) and P
 Every image's header is checked before it is decoded (:mod:`.image_header`): one over the
 pixel limit is refused with one line naming it.
 
-``resize_nearest`` is ``cv::resize(..., INTER_NEAREST)`` (the forks' label maps).
-``resize_bilinear`` is ``cv::resize(..., INTER_LINEAR)`` (half-pixel centres, no antialiasing,
-11-bit fixed-point weights), which Caffe's ``ReadImageToCVMat`` uses for ``new_height``/
-``new_width`` and ``convert_imageset --resize_*``; with OpenCV installed, ``cv2.resize`` itself.
+``resize`` (``INTER_LINEAR``, Caffe's ``ReadImageToCVMat`` with ``new_height``/``new_width``)
+and ``resize_nearest`` (``INTER_NEAREST``, the forks' label maps) are ``cv2.resize`` itself,
+whichever library decodes. OpenCV 4 and 5 both work: only ``imdecode``, ``resize`` and their
+flags are called, never ``cv2.dnn`` (tests/runtime/data/test_image.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from caffe2jax.runtime.data.transform.image_header import check_image_size
 
 MODES = ("native", "color", "gray")
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
-_COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS
 _FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "bmp": "BMP", "tif": "TIFF"}
 
 
@@ -155,33 +154,40 @@ def read_image(
     return img
 
 
-def resize(chw: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``cv::resize(..., INTER_LINEAR)``: OpenCV's own when it is installed, else
-    :func:`resize_bilinear`. Returns uint8 C×H×W."""
-    cv2 = _cv2()
-    if cv2 is None or chw.shape[1:] == (height, width):
-        return resize_bilinear(chw, height, width)
-    hwc = cv2.resize(chw.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_LINEAR)
+def opencv():
+    """OpenCV's module (a dependency: resizing is ``cv::resize`` itself, whichever library
+    decodes); DataError when it cannot be imported. Only ``imdecode``, ``resize`` and their
+    flags are used: calls OpenCV 4 and 5 share, no ``cv2.dnn``."""
+    try:
+        import cv2
+    except ImportError as err:
+        raise DataError(f"resizing images needs opencv-python-headless ({err})") from None
+    return cv2
+
+
+def _cv_resize(chw: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
+    cv2 = opencv()
+    flag = getattr(cv2, interpolation)
+    hwc = cv2.resize(np.ascontiguousarray(chw.transpose(1, 2, 0)), (width, height),
+                     interpolation=flag)  # fmt: skip
     return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
 
 
-def nearest_taps(src: int, dst: int) -> np.ndarray:
-    """The source index of each of ``dst`` cells under OpenCV's INTER_NEAREST:
-    ``min(floor(x · (1 / (dst / src))), src − 1)``, in double as OpenCV computes it."""
-    return np.minimum(np.floor(np.arange(dst) * (1.0 / (dst / src))).astype(np.int64), src - 1)
+def resize(chw: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``cv::resize(img, Size(width, height), 0, 0, INTER_LINEAR)`` (Caffe's
+    ``ReadImageToCVMat`` with ``new_height``/``new_width``, ``convert_imageset --resize_*``),
+    by OpenCV itself. Returns uint8 C×H×W."""
+    if chw.shape[1:] == (height, width):
+        return chw.copy()
+    return _cv_resize(chw, height, width, "INTER_LINEAR")
 
 
 def resize_nearest(chw: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``cv::resize(..., INTER_NEAREST)`` on C×H×W (label maps: no class is blended):
-    OpenCV's own when it is installed, else :func:`nearest_taps` per axis."""
-    _, h, w = chw.shape
-    if (h, w) == (height, width):
+    """``cv::resize(..., INTER_NEAREST)`` on C×H×W (the forks' label maps: no class is
+    blended), by OpenCV itself."""
+    if chw.shape[1:] == (height, width):
         return chw.copy()
-    cv2 = _cv2()
-    if cv2 is not None:
-        hwc = cv2.resize(chw.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_NEAREST)
-        return hwc[None] if hwc.ndim == 2 else hwc.transpose(2, 0, 1)
-    return chw[:, nearest_taps(h, height)][:, :, nearest_taps(w, width)]
+    return _cv_resize(chw, height, width, "INTER_NEAREST")
 
 
 def encode_image(chw: np.ndarray, ext: str) -> bytes:
@@ -195,37 +201,3 @@ def encode_image(chw: np.ndarray, ext: str) -> bytes:
     out = io.BytesIO()
     im.save(out, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
     return out.getvalue()
-
-
-def _linear_taps(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Source indices and 11-bit weights of OpenCV's INTER_LINEAR along one axis."""
-    scale = src / dst
-    f = ((np.arange(dst) + 0.5) * scale - 0.5).astype(np.float32)
-    i0 = np.floor(f).astype(np.int64)
-    frac = f - i0.astype(np.float32)
-    low = i0 < 0
-    high = i0 >= src - 1
-    frac[low | high] = 0.0
-    i0 = np.clip(i0, 0, src - 1)
-    i1 = np.minimum(i0 + 1, src - 1)
-    one = float(1 << _COEF_BITS)
-    w1 = np.rint(frac * np.float32(one)).astype(np.int64)
-    w0 = np.rint((np.float32(1.0) - frac) * np.float32(one)).astype(np.int64)
-    return i0, i1, np.stack([w0, w1])
-
-
-def resize_bilinear(chw: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``cv::resize(img, Size(width, height), 0, 0, INTER_LINEAR)`` on uint8 C×H×W with
-    OpenCV's fixed-point arithmetic: exact integer horizontal sums, then the vertical blend of
-    its vectorised path, ``((S0>>4)·b0>>16) + ((S1>>4)·b1>>16) + 2 >> 2``. A few percent of
-    pixels may still differ from a given OpenCV build by 1."""
-    _, h, w = chw.shape
-    if (h, w) == (height, width):
-        return chw.copy()
-    x0, x1, wx = _linear_taps(w, width)
-    y0, y1, wy = _linear_taps(h, height)
-    img = chw.astype(np.int64)
-    rows = img[:, :, x0] * wx[0] + img[:, :, x1] * wx[1]
-    top = ((rows[:, y0, :] >> 4) * wy[0][:, None]) >> 16
-    bottom = ((rows[:, y1, :] >> 4) * wy[1][:, None]) >> 16
-    return np.clip((top + bottom + 2) >> 2, 0, 255).astype(np.uint8)

@@ -13,12 +13,17 @@ from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.sources import make_source
-from caffe2jax.runtime.data.transform.image import nearest_taps
 from caffe2jax.runtime.data.transform.transformer import uniform_ints
 
 from .helpers import layer
 
 RNG = np.random.default_rng(7)
+
+
+def nearest_taps(src: int, dst: int) -> np.ndarray:
+    """OpenCV's INTER_NEAREST source index per cell, transcribed from imgproc/resize.cpp
+    (``resizeNN``): ``min(floor(x · (1 / (dst / src))), src − 1)`` in double."""
+    return np.minimum(np.floor(np.arange(dst) * (1.0 / (dst / src))).astype(np.int64), src - 1)
 
 
 def write_pairs(tmp_path, count=3, size=(6, 8), classes=5, name="list.txt"):

@@ -3,13 +3,17 @@ affinity and its cgroup's CPU quota; the environment and the CLI's setting."""
 
 from __future__ import annotations
 
-import os
-
+import psutil
 import pytest
 
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data import workers
 from caffe2jax.runtime.data.feeding import Feeder
+
+
+def affinity(monkeypatch, cores) -> None:
+    """The CPUs psutil says this process may run on."""
+    monkeypatch.setattr(psutil.Process, "cpu_affinity", lambda self, cpus=None: sorted(cores))
 
 
 @pytest.fixture
@@ -25,14 +29,14 @@ def cgroup(tmp_path, monkeypatch):
 
 def test_workers_default_to_the_affinity(monkeypatch, cgroup):
     monkeypatch.delenv("CAFFE2JAX_DATA_WORKERS", raising=False)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    affinity(monkeypatch, {0, 2, 5})
     cgroup("max 100000\n")
     assert workers.available_cores() == 3
     assert workers.default_workers() == 3
 
 
 def test_a_cgroup_quota_caps_the_affinity(monkeypatch, cgroup):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    affinity(monkeypatch, set(range(8)))
     cgroup("150000 100000\n")  # 1.5 CPUs: 2 workers
     assert workers.available_cores() == 2
     cgroup("50000 100000\n")
