@@ -143,6 +143,18 @@ def extend(fork: descriptor_pb2.FileDescriptorProto, where: str):
     return _Merge(fork, where).run()
 
 
+def complete(fork: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDescriptorProto:
+    """``fork`` with the top-level messages and enums it lacks taken from caffe.proto (a
+    reduced fork file still decodes a whole NetParameter: its own messages at its numbers)."""
+    out = descriptor_pb2.FileDescriptorProto()
+    out.CopyFrom(fork)
+    base = base_schema()
+    have = {m.name for m in out.message_type} | {e.name for e in out.enum_type}
+    out.message_type.extend(m for m in base.message_type if m.name not in have)
+    out.enum_type.extend(e for e in base.enum_type if e.name not in have)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The fork's numbers, and where a built-in dialect uses them differently
 

@@ -39,6 +39,7 @@ from caffe2jax.frontend.forks.catalog import Fork
 from caffe2jax.frontend.forks.proto_merge import (
     bvlc_numbers,
     collisions,
+    complete,
     extend,
     line_of,
     numbers,
@@ -181,7 +182,7 @@ def _load(resolved: str, mtime: float) -> UserFork:
         log.warning("%s: %d more numbers a built-in dialect uses differently", path, len(lines) - 5)
     return UserFork(resolved, f"the fork of {path.name}", resolved, adds=adds,
                     renumbers=renumbers, file=proto, extended=_pool(*others, extended),
-                    own=_pool(*others, proto), collisions=lines)  # fmt: skip
+                    own=_pool(*others, complete(proto)), collisions=lines)  # fmt: skip
 
 
 def load(spec: str | Path) -> UserFork:
