@@ -302,7 +302,7 @@ def register(
 
 
 def unregister(type_name: str, form: str = "") -> None:
-    """Drop an entry (a user's layer registered anew: lowering/user_layers.py)."""
+    """Drop an entry (a user's layer registered anew: lowering/forks/user.py)."""
     _REGISTRY.pop((type_name, form), None)
 
 

@@ -1,4 +1,4 @@
-"""lowering/user_layers.py: caffe2jax.register_layer, a fork's layer brought by its user."""
+"""lowering/forks/user.py: caffe2jax.register_layer, a fork's layer brought by its user."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import CaffeError, NetError
-from caffe2jax.lowering import user_layers
-from caffe2jax.lowering.registry import registered_types, unregister
+from caffe2jax.lowering.forks import user as user_layers
+from caffe2jax.lowering.registry import registered_types
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -38,7 +38,8 @@ layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim
 layer { name: "cs" type: "ChannelScale" bottom: "x" top: "y"
   channel_scale_param { scale_filler { type: "constant" value: 2 } shift: 0.25 } }
 """
-LOSS = """layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+LOSS = """layer { name: "t" type: "Input" top: "t"
+  input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
 """
 
@@ -62,8 +63,7 @@ def fork(tmp_path):
     path = tmp_path / "caffe.proto"
     path.write_text(PROTO)
     yield str(path)
-    unregister("ChannelScale")
-    user_layers._USER.pop(("ChannelScale", ""), None)
+    user_layers.unregister_layer("ChannelScale")
 
 
 def _loop(x, scale, bias, shift):

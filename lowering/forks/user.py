@@ -137,6 +137,12 @@ def register_layer(
     return lowering
 
 
+def unregister_layer(type_name: str, form: str = "") -> None:
+    """Drop a type registered through :func:`register_layer` (nothing else)."""
+    if _USER.pop((type_name, form), None) is not None:
+        unregister(type_name, form)
+
+
 def user_layers() -> list[tuple[str, str]]:
     """(type, form) of every layer registered through :func:`register_layer`."""
     return sorted(_USER)
