@@ -33,6 +33,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
+    "register_layer": ("caffe2jax.lowering.forks.user", "register_layer"),
     "set_device": ("caffe2jax.pycaffe.mode", "set_device"),
     "set_mode_cpu": ("caffe2jax.pycaffe.mode", "set_mode_cpu"),
     "set_mode_gpu": ("caffe2jax.pycaffe.mode", "set_mode_gpu"),

@@ -22,6 +22,7 @@ from google.protobuf import message, text_format
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.forks import user_proto
 from caffe2jax.frontend.forks.catalog import FORKS
 from caffe2jax.frontend.forks.dialect import BVLC, Dialect, DialectError
 from caffe2jax.frontend.forks.layer_types import UNKNOWN_FORK_FIELDS
@@ -144,7 +145,8 @@ def _parse_error(text, filename, line, column, detail, message_type) -> Prototxt
     token = _token_at(text, line, column)
     where = f"{filename}:{line or '?'}:{column or '?'}"
     detail = _clip(_drop_echo(detail, text, line), 120)
-    layer = enclosing_layer(text, line, column) if message_type is caffe_pb2.NetParameter else None
+    is_net = message_type.DESCRIPTOR.full_name == "caffe.NetParameter"
+    layer = enclosing_layer(text, line, column) if is_net else None
     kind = f" (type {layer[1]})" if layer and layer[1] else ""
     named = f"layer '{layer[0]}'{kind}: " if layer else ""
     err = PrototxtError(f"{where}: {named}{_explain(detail, message_type, token)} "
@@ -164,7 +166,7 @@ def parse_binary(
     by default the dialect its own bytes point to; other messages: BVLC's); a clear error
     when the bytes are not one, or hold numbers the dialect does not have."""
     try:
-        if message_type is caffe_pb2.NetParameter:
+        if message_type.DESCRIPTOR.full_name == "caffe.NetParameter":
             return decode_net(data, dialect, filename)
         return decode(data, message_type.DESCRIPTOR.name, dialect or BVLC, filename)
     except (message.DecodeError, RuntimeError, ValueError) as err:
@@ -245,8 +247,14 @@ def read_net(
     defines: Mapping[str, object] | None = None,
 ) -> caffe_pb2.NetParameter:
     """A NetParameter from a .prototxt path, prototxt text, or a binary NetParameter (decoded
-    with ``dialect``'s numbers; by default those its bytes point to)."""
-    return read_message(source, caffe_pb2.NetParameter, dialect=dialect, defines=defines)
+    with ``dialect``'s numbers; by default those its bytes point to). A fork brought as its
+    caffe.proto (``dialect="x.proto"``, or activated: :mod:`caffe2jax.frontend.forks.user_proto`)
+    adds its own fields to the text's schema; they ride in the result as unknown fields."""
+    fork = user_proto.fork_of(dialect)
+    if fork is None:
+        return read_message(source, caffe_pb2.NetParameter, dialect=dialect, defines=defines)
+    net = read_message(source, fork.text_class("NetParameter"), dialect=dialect, defines=defines)
+    return user_proto.to_caffe(net)
 
 
 def read_solver(source: str | os.PathLike | bytes) -> caffe_pb2.SolverParameter:

@@ -10,6 +10,7 @@ from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.build import build_net
 from caffe2jax.frontend.errors import PrototxtError
 from caffe2jax.frontend.filter import filter_net, make_state
+from caffe2jax.frontend.forks import user_proto
 from caffe2jax.frontend.forks.dialect import Dialect, detect, get
 from caffe2jax.frontend.forks.upgrade import FORK_V1_TYPES
 from caffe2jax.frontend.parse import read_net, substitute
@@ -56,6 +57,8 @@ def read_param(
 ) -> tuple[caffe_pb2.NetParameter, Dialect]:
     """The net as written (not upgraded) and its dialect: ``dialect`` when given, else the
     one its text points to (:func:`caffe2jax.frontend.forks.dialect.detect`)."""
+    if dialect is None and user_proto.active() is not None:
+        dialect = user_proto.active().key
     if isinstance(source, caffe_pb2.NetParameter):
         net = source
     else:

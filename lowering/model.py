@@ -265,8 +265,10 @@ def compile(  # noqa: A001 - the design card's name for it
     dtype: Any = jnp.float32,
     precision: str | None = None,
     policy: EnginePolicy | None = None,
+    dialect: str | None = None,
 ) -> Model:
     """Compile a net prototxt (path, text, bytes or NetParameter) for a phase/level/stages,
-    computing in ``precision`` with the engines ``policy`` picks (see :class:`Model`)."""
-    net = load_net(source, phase, level, stages, layer_types=type_problem)
+    computing in ``precision`` with the engines ``policy`` picks (see :class:`Model`);
+    ``dialect``: a fork's numbering, or the path of a fork's caffe.proto (docs/forks.md)."""
+    net = load_net(source, phase, level, stages, layer_types=type_problem, dialect=dialect)
     return Model(net, input_shapes, dtype, precision, policy=policy)

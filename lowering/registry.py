@@ -284,10 +284,9 @@ def register(
     bf16: bool = False,
     feed: str | None = None,
 ) -> Callable[[LoweringFn], Lowering]:
-    """Register the lowering of Caffe layer type ``type_name`` in fork form ``form`` (``""``:
-    BVLC's, or the one meaning a fork type has); one registration per (type, form).
-    ``bf16``: the type computes in bfloat16 under precision ``bf16``. ``feed`` makes it
-    a data layer (:class:`DataLayer`)."""
+    """Register the lowering of Caffe type ``type_name`` in fork form ``form`` (``""``: BVLC's,
+    or a fork type's one meaning), once per (type, form); ``bf16``: computes in bfloat16 under
+    precision ``bf16``; ``feed``: a data layer (:class:`DataLayer`)."""
 
     def wrap(fn: LoweringFn) -> Lowering:
         if (type_name, form) in _REGISTRY:
@@ -300,6 +299,11 @@ def register(
         return lowering
 
     return wrap
+
+
+def unregister(type_name: str, form: str = "") -> None:
+    """Drop an entry (a user's layer registered anew: lowering/forks/user.py)."""
+    _REGISTRY.pop((type_name, form), None)
 
 
 def registered_types() -> list[str]:
@@ -344,8 +348,9 @@ def type_problem(layer_type: str, form: str = "") -> str | None:
     types = registered_types()
     close = misspelt_type(layer_type, list(types))
     hint = f" (did you mean '{close}'?)" if close else ""
-    return (f"unsupported type '{layer_type[:40]}'{hint}; {len(types)} types are supported, "
-            "listed by caffe2jax.layer_type_list()")  # fmt: skip
+    return (f"unsupported type '{layer_type[:40]}'{hint}; {len(types)} types are supported "
+            "(caffe2jax.layer_type_list()); register it: caffe2jax.register_layer, "
+            "--layers MODULE")  # fmt: skip
 
 
 def lookup(layer: ir.Layer) -> Lowering:
@@ -361,8 +366,7 @@ def lookup(layer: ir.Layer) -> Lowering:
 
 
 class _DataLayers(Mapping[str, DataLayer]):
-    """The data layer types as registered (type -> :class:`DataLayer`, the first form's), every
-    family loaded first: the one table the runtime's feeder and sources dispatch on."""
+    """The data layer types as registered (type -> :class:`DataLayer`, the first form's)."""
 
     def _table(self) -> dict[str, DataLayer]:
         load_families()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from caffe2jax import __version__
 from caffe2jax.cli import COMMANDS
+from caffe2jax.cli.args import prepare_fork
 from caffe2jax.frontend.errors import CaffeError, one_line
 from caffe2jax.runtime.host import compile_cache as compile_cache_module
 from caffe2jax.runtime.host.compile_cache import CACHE_DIR_ENV, NO_CACHE_ENV, cache_dir  # noqa: F401
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configure_jax(compile_cache=not args.no_compile_cache)
     try:
+        prepare_fork(args)
         return int(args.func(args) or 0)
     except CaffeError as err:
         print(f"caffe2jax {args.command}: error: {err}", file=sys.stderr)

@@ -12,7 +12,7 @@ import argparse
 import jax
 
 from caffe2jax import logs
-from caffe2jax.cli.args import Subparsers, int32
+from caffe2jax.cli.args import Subparsers, add_dialect, int32
 from caffe2jax.frontend.errors import CaffeError
 
 
@@ -20,6 +20,7 @@ def add(sub: Subparsers) -> None:
     p = sub.add_parser("time", help="time a net's forward and backward passes")
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int32, default=50)
+    add_dialect(p, "how the net's fork layers are read (default: from the prototxt)")
     p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     p.add_argument(
         "--precision",

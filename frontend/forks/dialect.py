@@ -9,8 +9,8 @@ A :class:`Dialect` is BVLC's numbering with one or more forks' numberings laid o
 
 * chosen from what the prototxt text uses (:func:`detect`): fork layer types, fork fields,
   V1 layer type names, py-faster-rcnn's / ENet's Python layer modules;
-* or given by the user (``dialect="pspnet"``, ``"ssd+ceil_mode"``, ``"bvlc"``), which
-  always wins.
+* or given by the user (``dialect="pspnet"``, ``"ssd+ceil_mode"``, ``"bvlc"``, or the path of
+  a fork's own caffe.proto: :mod:`caffe2jax.frontend.forks.user_proto`), which always wins.
 
 Reading weights uses only each layer's name, type and blobs (as OpenCV does), never the layer
 parameters stored in the binary, so there the dialect only decides the BlobProto layout and
@@ -27,6 +27,7 @@ from google.protobuf import descriptor, message
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError
+from caffe2jax.frontend.forks import user_proto
 from caffe2jax.frontend.forks.catalog import (
     FORKS,
     FORKS_BY_KEY,
@@ -149,22 +150,28 @@ def get(spec: str | Dialect | None, default: Dialect | None = None) -> Dialect:
         return spec
     if spec is None or spec == "":
         return default or Dialect()
-    keys = [k.strip().lower() for k in str(spec).split("+") if k.strip()]
+    parts = [k.strip() for k in str(spec).split("+") if k.strip()]
+    keys = [k if user_proto.is_proto(k) else k.lower() for k in parts]
     if keys == [MERGED]:
         return Dialect(given=True, merged=True)
-    unknown = [k for k in keys if k not in FORKS_BY_KEY and k != BVLC]
+    unknown = [k for k in keys if k not in FORKS_BY_KEY and k != BVLC and not k.endswith(".proto")]
     if unknown:
         raise DialectError(
-            f"unknown dialect {unknown[0]!r}; use one of {', '.join(dialect_names())} "
-            "(several joined by '+')"
+            f"unknown dialect {unknown[0]!r}; use one of {', '.join(dialect_names())} or the "
+            "path of a fork's caffe.proto (several joined by '+')"
         )
-    return compose([FORKS_BY_KEY[k] for k in keys if k != BVLC], given=True)
+    forks = [user_proto.load(k) if user_proto.is_proto(k) else FORKS_BY_KEY[k] for k in keys
+             if k != BVLC]  # fmt: skip
+    return compose(forks, given=True)
 
 
 def compose(forks: Iterable[Fork], evidence=(), given: bool = False) -> Dialect:
-    """The dialect of ``forks`` (in priority order), with its number clashes worked out."""
+    """The dialect of ``forks`` (in priority order: a user's fork first, then the built-in
+    ones in caffe.proto's order), with its number clashes worked out."""
+    forks = list(forks)
     keys = {f.key for f in forks}
-    ordered = tuple(f for f in FORKS if f.key in keys)
+    users = tuple(dict.fromkeys(f for f in forks if isinstance(f, user_proto.UserFork)))
+    ordered = users + tuple(f for f in FORKS if f.key in keys)
     return Dialect(ordered, tuple(evidence), tuple(_conflicts(ordered)), given)
 
 

@@ -21,6 +21,7 @@ from google.protobuf import unknown_fields as unknown
 
 from caffe2jax.frontend import caffe_pb2, wire
 from caffe2jax.frontend.errors import PrototxtError
+from caffe2jax.frontend.forks import user_proto
 from caffe2jax.frontend.forks.catalog import (
     FORKS,
     FORKS_BY_KEY,
@@ -283,6 +284,10 @@ def decode_net(data: bytes, dialect: str | Dialect | None = None, where: str = "
     """A binary NetParameter as caffe.proto's message, decoded with ``dialect``'s numbers
     (``None``: the dialect its own bytes point to, see :func:`detect_binary`)."""
     chosen = get(dialect) if dialect is not None else detect_binary(data)
+    fork = next((f for f in chosen.forks if isinstance(f, user_proto.UserFork)), None)
+    if fork is not None:  # a fork brought as its caffe.proto: its own schema decodes
+        chosen.require_consistent(where)
+        return user_proto.decode_net(data, fork, where)
     net = decode(data, "NetParameter", chosen, where)
     if not chosen.given and not chosen.has("ceil_mode") and not chosen.merged:
         _refuse_ambiguous_round_mode(net, chosen, where)
