@@ -14,6 +14,7 @@ from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.forks.dialect import Dialect
 from caffe2jax.frontend.forks.forms import layer_form
+from caffe2jax.frontend.forks.layer_types import NO_DEFAULT_LOSS_WEIGHT
 
 
 def _layer_lines(text: str) -> dict[str, int]:
@@ -40,12 +41,13 @@ def default_loss_weights(param: caffe_pb2.LayerParameter) -> tuple[float, ...]:
     """Caffe's loss weights: as given (one per top), else 1 for a loss layer's first top.
 
     Every BVLC loss layer derives from LossLayer and is named ``*Loss``; LossLayer::LayerSetUp
-    adds ``loss_weight: 1`` when none is given, which weighs only the first top.
+    adds ``loss_weight: 1`` when none is given, which weighs only the first top (not for the
+    fork types whose LayerSetUp skips it: ``NO_DEFAULT_LOSS_WEIGHT``).
     """
     n_tops = len(auto_tops(param))
     if param.loss_weight:
         return tuple(float(w) for w in param.loss_weight)
-    if param.type.endswith("Loss") and n_tops:
+    if param.type.endswith("Loss") and n_tops and param.type not in NO_DEFAULT_LOSS_WEIGHT:
         return (1.0,) + (0.0,) * (n_tops - 1)
     return (0.0,) * n_tops
 

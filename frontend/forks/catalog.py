@@ -136,6 +136,28 @@ _SSD_SOLVER = {"plateau_winsize": 43, "show_per_class_result": 44}
 _SSD_STATE = {"minimum_loss": 5, "iter_last_event": 6}
 _V1_TYPES = "V1LayerParameter.LayerType"
 
+# -- face recognition forks (issue 35): SphereFace, L-Softmax, center loss, happynear --------
+_HAPPYNEAR_TYPES = ("CenterLoss", "Flip", "Normalize", "LargeMarginInnerProduct",
+                    "MarginInnerProduct", "LabelSpecificAdd")  # fmt: skip
+_FACE_FORKS = (
+    Fork("sphereface", "SphereFace", "wy1iu/sphereface@f20b130 (tools/caffe-sphereface)",
+         adds={"LayerParameter": {"margin_inner_product_param": 147}},
+         types=("MarginInnerProduct",)),
+    Fork("lsoftmax", "L-Softmax", "wy1iu/LargeMargin_Softmax_Loss@c3e9f20",
+         adds={"LayerParameter": {"largemargin_inner_product_param": 202}},
+         types=("LargeMarginInnerProduct",)),
+    Fork("caffe-face", "center loss (caffe-face)", "ydwen/caffe-face@48ff38e",
+         adds={"LayerParameter": {"center_loss_param": 147}}, types=("CenterLoss",)),
+    Fork("happynear", "happynear's caffe-windows (AM-Softmax)", "happynear/caffe-windows@504d8a8",
+         adds={"LayerParameter": {"center_loss_param": 211, "flip_param": 212,
+                                  "normalize_param": 214, "largemargin_inner_product_param": 227,
+                                  "margin_inner_product_param": 232,
+                                  "label_specific_add_param": 241},
+               "InnerProductParameter": {"normalize": 7},
+               "CenterLossParameter": {"distance_type": 29}},
+         types=_HAPPYNEAR_TYPES),
+)  # fmt: skip
+
 
 def _v1(table: Mapping[str, tuple[str, int]]) -> tuple[dict[str, str], dict[str, int]]:
     return {k: v[0] for k, v in table.items()}, {k: v[1] for k, v in table.items()}
@@ -282,6 +304,7 @@ FORKS: tuple[Fork, ...] = (
          types=("ConvolutionDepthwise",)),
     Fork("depthwise", "DepthwiseConvolution", "yonghenglh6/DepthwiseConvolution",
          types=("DepthwiseConvolution",)),
+    *_FACE_FORKS,
 )  # fmt: skip
 
 FORKS_BY_KEY: Mapping[str, Fork] = MappingProxyType({f.key: f for f in FORKS})
@@ -327,7 +350,8 @@ TYPE_HOMES: Mapping[str, str] = MappingProxyType(
     {
         "Axpy": "senet", "DepthwiseConvolution": "depthwise", "Permute": "ssd",
         "SmoothL1Loss": "frcnn", "ROIPooling": "frcnn", "BN": "segnet", "VideoData": "c3d-v1.1",
-        "Interp": "deeplab-v2",
+        "Interp": "deeplab-v2", "Normalize": "ssd", "MarginInnerProduct": "sphereface",
+        "LargeMarginInnerProduct": "lsoftmax", "CenterLoss": "caffe-face",
     }
 )  # fmt: skip
 

@@ -42,6 +42,12 @@ Python             ``rfcn``       py-R-FCN's ``rpn.proposal_layer`` / ``rpn.prop
                                   rfcn_end2end_ohem.yml config, 4-D class-agnostic targets of
                                   every proposal): a net of the R-FCN dialect (PSROIPooling,
                                   OHEM layers) without Faster R-CNN's
+Normalize          ``happynear``  happynear's (AM-Softmax): ``normalize_param``, or neither
+                                  field in a net of the happynear dialect without SSD's;
+                                  ``""``: SSD's (``norm_param``, a scale blob)
+InnerProduct       ``happynear``  ``normalize: true`` (unit weight rows)
+CenterLoss         ``happynear``  ``distance_type`` set, or the happynear dialect without
+                                  caffe-face's; ``""``: ydwen/caffe-face's
 =================  =============  ============================================================
 
 Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
@@ -154,6 +160,29 @@ def _python(param: Param, dialect: Dialect) -> str:
     return "rfcn" if rfcn and param.python_param.module in RFCN_MODULES else ""
 
 
+def _normalize(param: Param, dialect: Dialect) -> str:
+    if param.HasField("normalize_param") and param.HasField("norm_param"):
+        raise ValueError(
+            "it sets both happynear's normalize_param and SSD's norm_param; a Normalize layer "
+            "is one or the other"
+        )
+    if param.HasField("normalize_param"):
+        return "happynear"
+    ssd_like = dialect.has("ssd", "eric612", "darknet2caffe")
+    bare = not param.HasField("norm_param") and dialect.has("happynear") and not ssd_like
+    return "happynear" if bare else ""
+
+
+def _inner_product(param: Param, dialect: Dialect) -> str:
+    return "happynear" if param.inner_product_param.normalize else ""
+
+
+def _center_loss(param: Param, dialect: Dialect) -> str:
+    if param.center_loss_param.HasField("distance_type"):
+        return "happynear"
+    return "happynear" if dialect.has("happynear") and not dialect.has("caffe-face") else ""
+
+
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "BN": _bn,
     "Upsample": _upsample,
@@ -167,6 +196,9 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "ImageSegData": _deeplab,
     "Pooling": _pooling,
     "Python": _python,
+    "Normalize": _normalize,
+    "InnerProduct": _inner_product,
+    "CenterLoss": _center_loss,
 }
 
 #: The forms each type can take (documentation for the lowering; see the table above).
@@ -183,6 +215,9 @@ FORMS: dict[str, tuple[str, ...]] = {
     "ImageSegData": ("", "deeplab-v1"),
     "Pooling": ("", "darknet2caffe"),
     "Python": ("", "rfcn"),
+    "Normalize": ("", "happynear"),
+    "InnerProduct": ("", "happynear"),
+    "CenterLoss": ("", "happynear"),
 }
 assert set(FORMS) == set(_RULES)
 

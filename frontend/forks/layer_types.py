@@ -30,6 +30,10 @@ TRAINING_TYPES: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
+#: Loss types whose fork LayerSetUp skips LossLayer's, so that no ``loss_weight`` means 0
+#: (ydwen/caffe-face's and happynear's CenterLoss), not Caffe's default 1.
+NO_DEFAULT_LOSS_WEIGHT: frozenset[str] = frozenset({"CenterLoss"})
+
 #: What some unsupported fork types are, where "a training layer" would mislead.
 TYPE_KINDS: Mapping[str, str] = MappingProxyType(
     {"MatRead": "a reader of input blobs from MATLAB .mat files"}
@@ -66,6 +70,9 @@ FORM_FORKS: Mapping[tuple[str, str], tuple[str, ...]] = MappingProxyType(
         ("VideoData", "c3d-v1.0"): ("c3d-v1.0",), ("Convolution3D", "c3d-v1.0"): ("c3d-v1.0",),
         ("Pooling3D", "c3d-v1.0"): ("c3d-v1.0",), ("Interp", "deeplab-v1"): ("deeplab-v1",),
         ("ImageSegData", "deeplab-v1"): ("deeplab-v1",),
+        ("Normalize", "happynear"): ("happynear",),
+        ("InnerProduct", "happynear"): ("happynear",),
+        ("CenterLoss", "happynear"): ("happynear",),
     }
 )  # fmt: skip
 

@@ -7,6 +7,8 @@ from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its
     crnn,
     deeplab,
     enet,
+    face,
+    face_layers,
     mobile,
     mycaffe,
     rcnn,

@@ -76,7 +76,7 @@ def test_forms_narrow_the_fork_named():
     ("layer", "field"),
     [
         ('type: "Transpose" transpose_param { dim: 0 }', "transpose_param"),
-        ('type: "CenterLoss" center_loss_param { num_output: 2 }', "center_loss_param"),
+        ('type: "Correlation" correlation_param { pad: 2 }', "correlation_param"),
         ('type: "DenseCRF" dense_crf_param { max_iterr: 5 }', "max_iterr"),
     ],
 )
@@ -96,7 +96,8 @@ def test_an_unknown_field_of_an_unsupported_type_says_the_type_first(layer, fiel
     ("text", "expected"),
     [
         ('layer { name: "n" type: "Normalize" normalize_param { across_spatial: false } }',
-         "layer 'n' (type Normalize): unknown layer parameter or field 'normalize_param'"),
+         "layer 'n' (type Normalize): unknown field 'across_spatial' in "
+         "HappynearNormalizeParameter"),
         ('layer { name: "c" type: "Convolution" convolution_param { num_ouput: 1 } }',
          "layer 'c' (type Convolution): unknown field 'num_ouput' in ConvolutionParameter (did "
          "you mean 'num_output'?)"),
@@ -117,8 +118,7 @@ def test_every_field_error_names_its_layer(text, expected):
     ("field", "suggestion"),
     [
         ("transpose_param", None),  # Transpose's own parameter, not a misspelt transform_param
-        ("normalize_param", None),  # another fork's Normalize, not SSD's norm_param
-        ("center_loss_param", None),  # caffe-face's CenterLoss, not ctc_loss_param
+        ("correlation_param", None),  # FlowNet's Correlation, not a misspelt field
         ("convolution_parm", "convolution_param"),
         ("convolutoin_param", "convolution_param"),
         ("Pooling_Param", "pooling_param"),
@@ -139,5 +139,5 @@ def test_a_misspelt_type_gets_a_suggestion_and_a_different_one_does_not():
     with pytest.raises(NetError, match=r"unsupported type 'Convolutoin' \(did you mean "):
         caffe2jax.compile(INPUT + 'layer { name: "f" type: "Convolutoin" bottom: "x" top: "y" }')
     with pytest.raises(NetError) as err:
-        caffe2jax.compile(INPUT + 'layer { name: "f" type: "CenterLoss" bottom: "x" top: "y" }')
+        caffe2jax.compile(INPUT + 'layer { name: "f" type: "Correlation" bottom: "x" top: "y" }')
     assert "did you mean" not in str(err.value)
