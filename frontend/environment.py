@@ -48,25 +48,25 @@ _ALL = (
              "dropped)", "lowering/shape_cache.py"),
     Variable("CAFFE2JAX_NO_COMPILE_CACHE", "unset, or anything but `0` to turn it off",
              "turns JAX's persistent compilation cache off (as `--no-compile-cache`)",
-             "runtime/compile_cache.py"),
+             "runtime/host/compile_cache.py"),
     Variable("CAFFE2JAX_CACHE_DIR",
              "unset: the OS's user cache folder + `caffe2jax/xla` (`~/.cache/caffe2jax/xla` on "
              "Linux)",
-             "the folder of the compilation cache", "runtime/compile_cache.py"),
+             "the folder of the compilation cache", "runtime/host/compile_cache.py"),
     Variable("CAFFE2JAX_DEFAULT_JAX_CACHE_DIR", "set by caffe2jax, not by users",
              "marks `JAX_COMPILATION_CACHE_DIR` as caffe2jax's default (not the user's "
-             "choice) for child processes", "runtime/compile_cache.py"),
+             "choice) for child processes", "runtime/host/compile_cache.py"),
     Variable("CAFFE2JAX_DATA_WORKERS", "unset: the cores the process may use, or a count ≥ 0",
              "the data pipeline's decode threads (as `train --data_workers`)",
              "runtime/data/workers.py"),
     Variable("CAFFE2JAX_IMAGE_DECODER", "unset (OpenCV where installed), `cv2`, `pil`",
-             "which library decodes images", "runtime/data/image.py"),
+             "which library decodes images", "runtime/data/transform/image.py"),
     Variable("CAFFE2JAX_MAX_IMAGE_PIXELS", "`268435456` (2^28), or a count",
              "the largest image decoded; a larger one is refused naming its record",
-             "runtime/data/image_header.py"),
+             "runtime/data/transform/image_header.py"),
     Variable("CAFFE2JAX_CGROUP_DIR", "unset: the process's own cgroup",
              "a memory cgroup folder to read the memory limit from instead (tests)",
-             "runtime/parallel/memory.py"),
+             "runtime/host/memory.py"),
 )  # fmt: skip
 
 #: The variables by name, in the order docs/environment.md lists them.
