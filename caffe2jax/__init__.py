@@ -17,10 +17,10 @@ import importlib.util
 import sys
 from typing import Any
 
-__version__ = "0.1.0"
+# Caffe's Phase enum as pycaffe exposes it (ints whose str() is the name)
+from caffe2jax.frontend.phase import TEST, TRAIN, Phase  # noqa: F401 - public names
 
-TRAIN = 0  # Caffe's Phase enum, as pycaffe exposes it
-TEST = 1
+__version__ = "0.1.0"
 
 # pycaffe's own module names (caffe/classifier.py, coord_map.py, …), kept importable
 _PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_spec")
@@ -33,6 +33,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
+    "python_layers": ("caffe2jax.lowering.python_layer", "python_layers"),
     "set_device": ("caffe2jax.pycaffe.mode", "set_device"),
     "set_mode_cpu": ("caffe2jax.pycaffe.mode", "set_mode_cpu"),
     "set_mode_gpu": ("caffe2jax.pycaffe.mode", "set_mode_gpu"),
@@ -76,7 +77,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     },
 }
 
-__all__ = sorted(["TEST", "TRAIN", "__version__", *_NAMES])
+__all__ = sorted(["Phase", "TEST", "TRAIN", "__version__", *_NAMES])
 
 # module names scripts import (pycaffe's ``caffe.io``, ``caffe.draw``…, and the functional API's
 # ``caffe2jax.api``) -> the module that holds them; ``import caffe2jax.io`` gives that module

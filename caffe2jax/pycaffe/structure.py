@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError, NetError
+from caffe2jax.frontend.phase import TEST, TRAIN, Phase
 from caffe2jax.frontend.splits import CaffeLayer
 
 if TYPE_CHECKING:
     from caffe2jax.pycaffe.blob import Blob
-
-TRAIN = 0
-TEST = 1
 
 
 def phase_name(phase: int | str) -> str:
@@ -62,6 +60,11 @@ class Layer:
         self.type = type_
         self.blobs = blobs
         self._net = net
+
+    @property
+    def phase(self) -> Phase:
+        """The layer's phase, the net's (caffe-fast-rcnn's ``Layer.phase``: Caffe's enum)."""
+        return Phase(self._net.phase)
 
     def reshape(self, bottom=None, top=None) -> None:
         """Caffe's Layer::Reshape from pycaffe: the net re-infers every shape."""
