@@ -121,9 +121,9 @@ class Net:
         self._runner = Runner(compiled, layout, self.blobs, self._params)
         self.params: OrderedDict[str, list[Blob]] = OrderedDict()
         self.layers: list[Any] = []
-        instances = {layer.name: instance_of(layer) for layer in model.net.layers
-                     if layer.type == "Python"}  # fmt: skip
-        instances.update((host.name, host.instance) for host in compiled.host)
+        instances = {host.name: host.instance for host in compiled.host}
+        running = {layer.name: instance_of(layer) for layer in model.net.layers
+                   if layer.type == "Python"}  # fmt: skip
         for caffe in layout.layers:
             blobs = [] if caffe.key is None else self._params.of_layer(graph, caffe.key)
             if blobs:
@@ -131,7 +131,7 @@ class Net:
             # pycaffe hands back a Python layer's own object (py-faster-rcnn's train.py calls
             # solver.net.layers[0].set_roidb(roidb) on its data layer)
             view = instances.get(caffe.name) or Layer(
-                caffe.name, layout.type_of(caffe), blobs, self
+                caffe.name, layout.type_of(caffe), blobs, self, running.get(caffe.name)
             )
             self.layers.append(view)
         self._params.show(params, state)

@@ -53,13 +53,22 @@ def _is_text(source: Any) -> bool:
 
 
 class Layer:
-    """pycaffe's layer view: ``type``, ``blobs`` (its param blobs) and ``reshape``."""
+    """pycaffe's layer view: ``type``, ``blobs`` (its param blobs), ``phase`` and ``reshape``.
+    The view of a class-style Python layer answers for its object too (``layer.my_attribute``,
+    its own methods), as pycaffe's ``net.layers[i]`` is that object; ``blobs`` stay the net's."""
 
-    def __init__(self, name: str, type_: str, blobs: list[Blob], net: Any):
+    def __init__(self, name: str, type_: str, blobs: list[Blob], net: Any, instance: Any = None):
         self.name = name
         self.type = type_
         self.blobs = blobs
         self._net = net
+        self._instance = instance
+
+    def __getattr__(self, name: str) -> Any:
+        instance = self.__dict__.get("_instance")
+        if instance is None or name.startswith("__"):
+            raise AttributeError(f"'Layer' object has no attribute {name!r}")
+        return getattr(instance, name)
 
     @property
     def phase(self) -> Phase:
