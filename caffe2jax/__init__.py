@@ -17,10 +17,10 @@ import importlib.util
 import sys
 from typing import Any
 
-__version__ = "0.1.0"
+# Caffe's Phase enum as pycaffe exposes it (ints whose str() is the name)
+from caffe2jax.frontend.phase import TEST, TRAIN, Phase  # noqa: F401 - public names
 
-TRAIN = 0  # Caffe's Phase enum, as pycaffe exposes it
-TEST = 1
+__version__ = "0.1.0"
 
 # pycaffe's own module names (caffe/classifier.py, coord_map.py, …), kept importable
 _PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_spec")
@@ -33,6 +33,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "Blob": ("caffe2jax.pycaffe.blob", "Blob"),
     "CaffeError": ("caffe2jax.frontend.errors", "CaffeError"),
     "register_python_layer": ("caffe2jax.lowering.python_layer", "register_python_layer"),
+    "python_layers": ("caffe2jax.lowering.python_layer", "python_layers"),
     "register_layer": ("caffe2jax.lowering.forks.user", "register_layer"),
     "set_device": ("caffe2jax.pycaffe.mode", "set_device"),
     "set_mode_cpu": ("caffe2jax.pycaffe.mode", "set_mode_cpu"),
@@ -77,7 +78,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     },
 }
 
-__all__ = sorted(["TEST", "TRAIN", "__version__", *_NAMES])
+__all__ = sorted(["Phase", "TEST", "TRAIN", "__version__", "install_as_caffe", *_NAMES])
 
 # module names scripts import (pycaffe's ``caffe.io``, ``caffe.draw``…, and the functional API's
 # ``caffe2jax.api``) -> the module that holds them; ``import caffe2jax.io`` gives that module
@@ -87,22 +88,62 @@ _MODULES: dict[str, str] = {
 }
 
 
+def _aliased(fullname: str) -> str | None:
+    """The module ``fullname`` names: a name of :data:`_MODULES`, or a submodule reached through
+    another name of this package (``sys.modules['caffe'] = caffe2jax``, :func:`install_as_caffe`:
+    ``caffe.draw`` is ``caffe2jax.draw``, ``caffe.proto.caffe_pb2``
+    ``caffe2jax.proto.caffe_pb2``)."""
+    if fullname in _MODULES:
+        return _MODULES[fullname]
+    head, dot, rest = fullname.partition(".")
+    if not dot or head == __name__ or sys.modules.get(head) is not sys.modules[__name__]:
+        return None
+    own = f"{__name__}.{rest}"
+    if own in _MODULES or own in sys.modules:
+        return _MODULES.get(own, own)
+    try:
+        return own if importlib.util.find_spec(own) is not None else None
+    except ImportError:
+        return None
+
+
 class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports a name of :data:`_MODULES` as the one module it names (same object)."""
+    """Imports an aliased name (:func:`_aliased`) as the one module it names (same object, so
+    ``caffe.io`` and ``caffe2jax.pycaffe.io`` share their classes and state)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname in _MODULES:
+        if _aliased(fullname) is not None:
             return importlib.util.spec_from_loader(fullname, self)
         return None
 
     def create_module(self, spec):
-        return importlib.import_module(_MODULES[spec.name])
+        return importlib.import_module(_aliased(spec.name))
 
     def exec_module(self, module):
         pass
 
 
-sys.meta_path.append(_ModuleAliases())
+# first, so that an aliased name never loads a second copy of a module from caffe2jax's folders
+sys.meta_path.insert(0, _ModuleAliases())
+
+
+def install_as_caffe() -> None:
+    """Make ``import caffe`` give caffe2jax (PyMySQL's ``install_as_MySQLdb`` convention): after
+    it, ``import caffe.draw``, ``from caffe.proto import caffe_pb2``, ``from caffe.coord_map
+    import crop``… give caffe2jax's modules, so pycaffe scripts run with no import changed.
+    A plain ``sys.modules['caffe'] = caffe2jax`` does the same. Another ``caffe`` already
+    imported is refused (its modules and caffe2jax's would mix)."""
+    this = sys.modules[__name__]
+    other = sys.modules.get("caffe")
+    if other is not None and other is not this:
+        from caffe2jax.frontend.errors import CaffeError
+
+        where = getattr(other, "__file__", None) or repr(other)
+        raise CaffeError(
+            f"install_as_caffe: another 'caffe' module is already imported ({where}); "
+            "call caffe2jax.install_as_caffe() before anything imports caffe"
+        )
+    sys.modules["caffe"] = this
 
 
 class _CacheOnFirstUse(importlib.abc.MetaPathFinder):

@@ -64,6 +64,11 @@ _ALL = (
     Variable("CAFFE2JAX_MAX_IMAGE_PIXELS", "`268435456` (2^28), or a count",
              "the largest image decoded; a larger one is refused naming its record",
              "runtime/data/transform/image_header.py"),
+    Variable("CAFFE2JAX_PYTHON_LAYERS", "`auto`, `builtin`, `user`",
+             "which implementation runs a fork's Python layer caffe2jax has built in: the "
+             "user's module when it imports (`auto`), caffe2jax's always (`builtin`), the "
+             "user's always (`user`); `caffe2jax.Net(..., python_layers=)` wins over it "
+             "(docs/forks.md)", "lowering/python_layer.py"),
     Variable("CAFFE2JAX_CGROUP_DIR", "unset: the process's own cgroup",
              "a memory cgroup folder to read the memory limit from instead (tests)",
              "runtime/host/memory.py"),

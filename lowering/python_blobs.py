@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from caffe2jax.frontend.phase import TRAIN
+
 
 class HostBlob:
     """A numpy blob handed to a Python layer: ``data``, ``diff``, ``shape``, ``count``,
@@ -62,7 +64,7 @@ class Layer:
     def __init__(self, param: Any = None):
         self.layer_param = param
         self.param_str = param.python_param.param_str if param is not None else ""
-        self.phase = 0
+        self.phase = TRAIN  # Caffe's Phase enum: == 0, str() 'TRAIN'
         self.blobs = BlobVec()
 
     @property

@@ -3,7 +3,8 @@
 As Caffe does, ``python_param.module`` is imported from ``sys.path`` and the class
 ``python_param.layer`` is instantiated with the LayerParameter; ``self.param_str`` (also as
 ``self.param_str_``, old pycaffe's name, which py-faster-rcnn's layers read),
-``self.phase`` (0 TRAIN, 1 TEST) and ``self.blobs`` are set before ``setup(bottom, top)``,
+``self.phase`` (Caffe's Phase enum: ``TRAIN == 0``, ``str()`` ``'TRAIN'``) and ``self.blobs``
+are set before ``setup(bottom, top)``,
 then ``reshape(bottom, top)`` fixes the top shapes. This happens when the net is compiled
 (once per input shape): shapes in a compiled program cannot change later, so a ``reshape``
 that changes a top's shape during training is refused with the layer's name.
@@ -46,6 +47,7 @@ from jax.experimental import io_callback
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.phase import Phase
 from caffe2jax.lowering.python_blobs import BlobVec, HostBlob
 from caffe2jax.lowering.registry import ParamDecl, Shape
 
@@ -145,7 +147,7 @@ def _make_instance(layer: ir.Layer) -> Any:
     instance = cls(layer.param)
     instance.param_str = p.param_str
     instance.param_str_ = p.param_str  # pycaffe before 2016 (py-faster-rcnn's layers) spelled it so
-    instance.phase = 0 if layer.param.phase == 0 else 1
+    instance.phase = Phase(0 if layer.param.phase == 0 else 1)  # an int whose str is its name
     if not isinstance(getattr(instance, "blobs", None), BlobVec):
         instance.blobs = BlobVec()
     return instance
@@ -176,6 +178,13 @@ def bind(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> _Bound:
         bound.instance.reshape(bound.bottom, bound.top)
         bound.top_shapes[shapes] = tuple(t.shape for t in bound.top)
     return bound
+
+
+def instance_of(layer: ir.Layer) -> Any:
+    """The user's object running ``layer`` (None before it is bound, or for a layer that is
+    not class-style): pycaffe's ``net.layers[i]`` of a Python layer is that object."""
+    entry = _BOUND.get(id(layer))
+    return entry[1].instance if entry is not None and entry[0]() is layer else None
 
 
 def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:

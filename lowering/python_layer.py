@@ -28,15 +28,21 @@ Registering the same (module, layer) again replaces the earlier function.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import importlib
 import importlib.util
-from collections.abc import Callable, Sequence
+import logging
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from caffe2jax.frontend import ir
+from caffe2jax.frontend import environment, ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import python_class
 from caffe2jax.lowering.registry import Shape, load_families
 from caffe2jax.lowering.util import fail
@@ -78,8 +84,9 @@ def register_python_layer(
 
 #: Python layers of the forks' models that caffe2jax implements itself (py-faster-rcnn's
 #: rpn.proposal_layer.ProposalLayer): (module, layer, form) -> a lowering ``fn(layer, params,
-#: bottoms, ctx) -> tops``. They run only when no function is registered for the layer and
-#: its module is not importable from sys.path (a user's own module wins, as in Caffe).
+#: bottoms, ctx) -> tops``. They run only when no function is registered for the layer, and
+#: then by :func:`python_layer_choice`: by default when the user's module is not on sys.path
+#: or fails to import (a user's own module that imports wins, as in Caffe).
 _BUILTIN: dict[tuple[str, str, str], Callable] = {}
 
 #: Python data layers of the forks' models that caffe2jax reads itself: (module, layer, form)
@@ -108,21 +115,82 @@ def builtin_python_layers() -> list[tuple[tuple[str, str, str], Any]]:
     return sorted({**_BUILTIN, **_BUILTIN_DATA}.items(), key=lambda item: item[0])
 
 
-def builtin(layer: ir.Layer, data: bool = False) -> Any:
-    """caffe2jax's own implementation of ``layer``'s Python class for its form (or, with
-    ``data``, the data layer type standing in for it), when it has one and the user's sys.path
-    has no such module."""
+PYTHON_LAYERS_ENV = "CAFFE2JAX_PYTHON_LAYERS"
+#: ``auto``: the user's module when it imports, the built-in when it is missing or fails to
+#: import; ``builtin``: the built-in wherever there is one; ``user``: never a built-in.
+CHOICES = ("auto", "builtin", "user")
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("python_layers", default=None)
+_RESOLVED: dict[tuple[int, bool], tuple[weakref.ref, Any]] = {}
+log = logging.getLogger("caffe2jax")
+
+
+def _checked(choice: str, where: str) -> str:
+    if choice not in CHOICES:
+        raise NetError(f"{where}: {choice!r} is not one of {', '.join(CHOICES)}")
+    return choice
+
+
+@contextlib.contextmanager
+def python_layers(choice: str | None) -> Iterator[None]:
+    """Within the block, nets compiled pick the fork Python layers' implementation by
+    ``choice`` (one of :data:`CHOICES`; None: what is in effect already, an enclosing block's
+    or ``$CAFFE2JAX_PYTHON_LAYERS``, default ``auto``). This argument wins over the variable.
+    A layer keeps the choice its net was compiled with (reshapes and recompiles included)."""
+    if choice is not None:
+        choice = _checked(choice, "python_layers")
+    token = _chosen.set(choice or _chosen.get())
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def python_layer_choice() -> str:
+    """The choice in effect: :func:`python_layers`' argument, else the variable, else auto."""
+    choice = _chosen.get()
+    if choice is not None:
+        return choice
+    return _checked(environment.value(PYTHON_LAYERS_ENV) or "auto", PYTHON_LAYERS_ENV)
+
+
+def _imports(module: str) -> bool:
+    """Whether the user's ``module`` imports from sys.path; a failure is logged (the
+    built-in then stands in for it)."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return False
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's import
+        missing = isinstance(err, ModuleNotFoundError) and err.name is not None
+        if not (missing and (module == err.name or module.startswith(f"{err.name}."))):
+            log.warning("Python module '%s' failed to import (%s: %s); using caffe2jax's "
+                        "built-in layer", module, type(err).__name__, err)  # fmt: skip
+        return False
+    return True
+
+
+def _resolve(layer: ir.Layer, data: bool) -> Any:
     load_families()
     p = layer.param.python_param
     table: dict = _BUILTIN_DATA if data else _BUILTIN
     fn = table.get((p.module, p.layer, layer.form)) or table.get((p.module, p.layer, ""))
-    if fn is None:
+    choice = python_layer_choice()
+    if fn is None or choice == "user":
         return None
-    try:
-        found = importlib.util.find_spec(p.module) is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else fn
+    return fn if choice == "builtin" or not _imports(p.module) else None
+
+
+def builtin(layer: ir.Layer, data: bool = False) -> Any:
+    """caffe2jax's own implementation of ``layer``'s Python class for its form (or, with
+    ``data``, the data layer type standing in for it) when :func:`python_layer_choice` picks
+    it; decided once per layer, so every compile of its net runs the same code."""
+    key = (id(layer), data)
+    entry = _RESOLVED.get(key)
+    if entry is not None and entry[0]() is layer:
+        return entry[1]
+    found = _resolve(layer, data)
+    _RESOLVED[key] = (weakref.ref(layer, lambda _: _RESOLVED.pop(key, None)), found)
+    return found
 
 
 def unregister_python_layer(module: str, layer: str) -> None:

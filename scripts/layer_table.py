@@ -46,7 +46,11 @@ PYTHON_HEADER = """
 
 Python layers of the forks' models that caffe2jax runs itself (`type: "Python"` with this
 `python_param` module and layer), unless the user registered a JAX function for them
-(`register_python_layer`) or their own module is importable from sys.path, as in Caffe.
+(`register_python_layer`) or their own module imports from sys.path, as in Caffe. A user's
+module that is missing or fails to import (py-faster-rcnn's without its built Cython NMS) gives
+way to the built-in; `CAFFE2JAX_PYTHON_LAYERS=builtin` or `caffe2jax.Net(...,
+python_layers="builtin")` asks for the built-ins even when it imports, `user` never takes them
+(the argument wins over the variable; docs/forks.md).
 
 | module | layer | form | file | function |
 |---|---|---|---|---|

@@ -16,15 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from PIL import Image
+from scipy.ndimage import zoom
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.pycaffe.resize import resize
 from caffe2jax.runtime.data.records import datum as _datum
 from caffe2jax.runtime.data.records.datum import (
-    datum_to_array,
     encoded_datum,
     parse_datum,
     read_blobproto,
@@ -36,6 +37,7 @@ __all__ = [
     "Transformer",
     "array_to_blobproto",
     "array_to_datum",
+    "arraylist_to_blobprotovecor_str",
     "arraylist_to_blobprotovector_str",
     "blobproto_to_array",
     "blobprotovector_str_to_arraylist",
@@ -45,13 +47,15 @@ __all__ = [
     "oversample",
     "parse_datum",
     "read_blobproto",
+    "resize",
     "resize_image",
     "write_blobproto",
+    "zoom",
 ]
 
 
 def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
-    """A BlobProto's data (or its diff) as an array in the blob's shape (legacy
+    """A BlobProto's data (or its diff) as a float64 array in the blob's shape (legacy
     num/channels/height/width when set); a value count that does not fit raises ValueError."""
     if return_diff:
         as_data = caffe_pb2.BlobProto()
@@ -62,7 +66,7 @@ def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> 
         as_data.data.extend(blob.diff)
         blob = as_data
     try:
-        return _datum.blobproto_to_array(blob)
+        return _datum.blobproto_to_array(blob).astype(np.float64)
     except DataError as err:
         raise ValueError(str(err)) from None
 
@@ -86,6 +90,10 @@ def arraylist_to_blobprotovector_str(arraylist: Sequence[np.ndarray]) -> bytes:
     return vec.SerializeToString()
 
 
+#: the SSD-era spelling's sibling: py-faster-rcnn's caffe-fast-rcnn io.py names it so
+arraylist_to_blobprotovecor_str = arraylist_to_blobprotovector_str
+
+
 def blobprotovector_str_to_arraylist(value: bytes) -> list[np.ndarray]:
     """The arrays of a serialized BlobProtoVector."""
     vec = caffe_pb2.BlobProtoVector()
@@ -105,6 +113,13 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> caffe_pb2.Datum
     return datum
 
 
+def datum_to_array(datum: caffe_pb2.Datum) -> np.ndarray:
+    """A Datum's values as C×H×W: uint8 from ``data``, float64 from ``float_data`` (pycaffe's
+    types); an encoded image is decoded (uint8)."""
+    array = _datum.datum_to_array(datum)
+    return array if array.dtype == np.uint8 else array.astype(np.float64)
+
+
 def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
     """The four corner crops and the center crop of each H×W×K image, then the same five
     mirrored left-right: 10·N crops of ``crop_dims`` (height, width), image by image."""
@@ -120,33 +135,57 @@ def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.nda
     return np.stack(crops).astype(np.float32)
 
 
+#: skimage's rgb2gray weights (ITU-R BT.709), what ``load_image(color=False)`` uses
+GRAY_WEIGHTS = np.array([0.2125, 0.7154, 0.0721])
+
+
+def _pixels(image: Any, color: bool) -> np.ndarray:
+    """skimage's ``img_as_float(imread(f, as_gray=not color))`` for a PIL image (float64)."""
+    if image.mode in ("L", "I;16", "I", "F") or (image.mode == "1"):
+        raw = np.asarray(image)
+        top = {"L": 255.0, "1": 1.0, "I;16": 65535.0, "I": 2147483647.0}.get(image.mode, 1.0)
+        return raw.astype(np.float64) / top
+    if color:
+        return np.asarray(image.convert("RGB"), np.float64) / 255.0
+    rgba = np.asarray(image.convert("RGBA"), np.float64) / 255.0
+    alpha = rgba[:, :, 3:]
+    rgb = rgba[:, :, :3] * alpha + (1.0 - alpha)  # rgba2rgb: on a white background
+    return rgb @ GRAY_WEIGHTS
+
+
 def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
-    """An image as float32 H×W×3 RGB (or H×W×1 gray with ``color=False``) in [0, 1]."""
+    """pycaffe's load_image: float32 in [0, 1], H×W×3 RGB (a gray file tiled, an alpha channel
+    dropped) or, with ``color=False``, H×W×1 gray (skimage's luminance, alpha over white)."""
     try:
         data = Path(filename).read_bytes()
         with open_image(data, str(filename), formats=None) as image:  # its size checked first
-            pixels = np.asarray(image.convert("RGB" if color else "L"), np.float32) / 255.0
+            pixels = _pixels(image, color)
     except (OSError, ValueError) as err:
         raise DataError(f"{filename}: cannot read image ({err})") from None
-    return pixels if color else pixels[:, :, None]
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+        if color:
+            pixels = np.tile(pixels, (1, 1, 3))
+    return pixels.astype(np.float32)
 
 
 def resize_image(image: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
-    """Resize an H×W×K float image to ``new_dims`` (height, width); bilinear by default,
-    nearest with ``interp_order=0``. Values keep their range."""
+    """pycaffe's resize_image: an H×W×K image to ``new_dims`` (height, width) at spline order
+    ``interp_order``, as float32. One or three channels go through :func:`resize` (skimage's)
+    on the image scaled to [0, 1] and back (a constant image stays constant); other channel
+    counts through ``scipy.ndimage.zoom``."""
+    image = np.asarray(image)
     height, width = int(new_dims[0]), int(new_dims[1])
-    if image.shape[:2] == (height, width):
-        return image.astype(np.float32)
-    method = Image.NEAREST if interp_order == 0 else Image.BILINEAR
-    channels = [
-        np.asarray(
-            Image.fromarray(image[:, :, k].astype(np.float32), mode="F").resize(
-                (width, height), method
-            )
-        )
-        for k in range(image.shape[2])
-    ]
-    return np.stack(channels, axis=2).astype(np.float32)
+    if image.shape[-1] in (1, 3):
+        low, high = image.min(), image.max()
+        if high <= low:
+            return np.full((height, width, image.shape[-1]), low, np.float32)
+        unit = (image - low) / (high - low)
+        out = resize(unit, (height, width), order=interp_order) * (high - low) + low
+    else:
+        scale = tuple(np.array((height, width), float) / np.array(image.shape[:2]))
+        out = zoom(image, (*scale, 1), order=interp_order)
+    return out.astype(np.float32)
 
 
 class Transformer:

@@ -28,7 +28,8 @@ import numpy as np
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_class import user_errors
+from caffe2jax.lowering.python_class import instance_of, user_errors
+from caffe2jax.lowering.python_layer import python_layers as choose_python_layers
 from caffe2jax.pycaffe import batches, programs
 from caffe2jax.pycaffe.blob import Blob
 from caffe2jax.pycaffe.mode import random_seed
@@ -66,16 +67,21 @@ class Net:
         base_dir: str | os.PathLike | None = None,
         dialect: str | None = None,
         precision: str | None = None,
+        python_layers: str | None = None,
     ):
+        """``python_layers`` (``auto``, ``builtin``, ``user``; None: ``$CAFFE2JAX_PYTHON_LAYERS``,
+        default ``auto``): which implementation runs a fork Python layer caffe2jax has built in
+        (:func:`caffe2jax.lowering.python_layer.python_layers`); it wins over the variable."""
         phase, weights, base_dir = constructor_args(
             network_file, phase_or_weights, phase, weights, base_dir
         )
         self.phase = phase_name(phase)
         seed = random_seed() if seed is None else seed
-        compiled = CompiledNet.build(network_file, self.phase, level=level, stages=stages or (),
-                                     state=state, base_dir=base_dir, seed=seed,
-                                     dtype=dtype, dialect=dialect,
-                                     precision=precision)  # fmt: skip
+        with choose_python_layers(python_layers):
+            compiled = CompiledNet.build(network_file, self.phase, level=level,
+                                         stages=stages or (), state=state, base_dir=base_dir,
+                                         seed=seed, dtype=dtype, dialect=dialect,
+                                         precision=precision)  # fmt: skip
         self._attach(compiled, *compiled.model.init(jax.random.key(seed)))
         if weights is not None:
             self.copy_from(weights)
@@ -116,6 +122,8 @@ class Net:
         self.params: OrderedDict[str, list[Blob]] = OrderedDict()
         self.layers: list[Any] = []
         instances = {host.name: host.instance for host in compiled.host}
+        running = {layer.name: instance_of(layer) for layer in model.net.layers
+                   if layer.type == "Python"}  # fmt: skip
         for caffe in layout.layers:
             blobs = [] if caffe.key is None else self._params.of_layer(graph, caffe.key)
             if blobs:
@@ -123,7 +131,7 @@ class Net:
             # pycaffe hands back a Python layer's own object (py-faster-rcnn's train.py calls
             # solver.net.layers[0].set_roidb(roidb) on its data layer)
             view = instances.get(caffe.name) or Layer(
-                caffe.name, layout.type_of(caffe), blobs, self
+                caffe.name, layout.type_of(caffe), blobs, self, running.get(caffe.name)
             )
             self.layers.append(view)
         self._params.show(params, state)

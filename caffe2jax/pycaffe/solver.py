@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from caffe2jax.lowering.python_layer import python_layers as choose_python_layers
 from caffe2jax.lowering.registry import NetState, carry_of
 from caffe2jax.pycaffe.net import Net
 from caffe2jax.runtime.train import solvers
@@ -31,8 +32,12 @@ class Solver:
     """A Caffe solver over a train net and its test nets (pycaffe's ``caffe.SGDSolver`` …)."""
 
     def __init__(self, source: Any, *, logger: logging.Logger | None = None,
-                 devices: str | int | list[int] | None = None):  # fmt: skip
-        self._loop = loop = SolverLoop(source, logger=logger, devices=devices)
+                 devices: str | int | list[int] | None = None,
+                 python_layers: str | None = None):  # fmt: skip
+        """``python_layers``: as :class:`~caffe2jax.pycaffe.net.Net`'s, for the train and test
+        nets."""
+        with choose_python_layers(python_layers):
+            self._loop = loop = SolverLoop(source, logger=logger, devices=devices)
         self.param = loop.param
         self.log = loop.log
         self.net = Net.view(loop.train, loop.ts.params, loop.ts.state)
@@ -227,12 +232,13 @@ AdaDeltaSolver = SOLVER_CLASSES["AdaDelta"]
 AdamSolver = SOLVER_CLASSES["Adam"]
 
 
-def get_solver(source: Any, devices: str | int | list[int] | None = None) -> Solver:
+def get_solver(source: Any, devices: str | int | list[int] | None = None,
+               python_layers: str | None = None) -> Solver:  # fmt: skip
     """pycaffe's ``caffe.get_solver``: an instance of the class the file's ``type`` names
     (``SGDSolver``, ``AdamSolver``…); ``devices`` (``"all"``, ``"0,1"``, ids) trains
-    data-parallel on them, as ``caffe train -gpu``."""
+    data-parallel on them, as ``caffe train -gpu``; ``python_layers`` as for a Net."""
     from caffe2jax.runtime.train.setup import read_solver_param
 
     param, _ = read_solver_param(source)
     check_solver_type(param)
-    return SOLVER_CLASSES[param.type](source, devices=devices)
+    return SOLVER_CLASSES[param.type](source, devices=devices, python_layers=python_layers)

@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import CaffeError, NetError
+from caffe2jax.frontend.phase import TEST, TRAIN, Phase
 from caffe2jax.frontend.splits import CaffeLayer
 
 if TYPE_CHECKING:
     from caffe2jax.pycaffe.blob import Blob
-
-TRAIN = 0
-TEST = 1
 
 
 def phase_name(phase: int | str) -> str:
@@ -55,13 +53,27 @@ def _is_text(source: Any) -> bool:
 
 
 class Layer:
-    """pycaffe's layer view: ``type``, ``blobs`` (its param blobs) and ``reshape``."""
+    """pycaffe's layer view: ``type``, ``blobs`` (its param blobs), ``phase`` and ``reshape``.
+    The view of a class-style Python layer answers for its object too (``layer.my_attribute``,
+    its own methods), as pycaffe's ``net.layers[i]`` is that object; ``blobs`` stay the net's."""
 
-    def __init__(self, name: str, type_: str, blobs: list[Blob], net: Any):
+    def __init__(self, name: str, type_: str, blobs: list[Blob], net: Any, instance: Any = None):
         self.name = name
         self.type = type_
         self.blobs = blobs
         self._net = net
+        self._instance = instance
+
+    def __getattr__(self, name: str) -> Any:
+        instance = self.__dict__.get("_instance")
+        if instance is None or name.startswith("__"):
+            raise AttributeError(f"'Layer' object has no attribute {name!r}")
+        return getattr(instance, name)
+
+    @property
+    def phase(self) -> Phase:
+        """The layer's phase, the net's (caffe-fast-rcnn's ``Layer.phase``: Caffe's enum)."""
+        return Phase(self._net.phase)
 
     def reshape(self, bottom=None, top=None) -> None:
         """Caffe's Layer::Reshape from pycaffe: the net re-infers every shape."""
