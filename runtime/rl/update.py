@@ -70,10 +70,15 @@ def from_proto(rl: Any) -> UpdateSettings:
         return UpdateSettings()
     u = rl.update
     names = [f for f in UpdateSettings.__dataclass_fields__ if f != "type"]
-    values = {name: getattr(u, name) for name in names}
+    values = {name: _decimal(getattr(u, name)) for name in names}
     settings = UpdateSettings(type=u.type.strip().upper(), **values)
     check(settings)
     return settings
+
+
+def _decimal(value: Any) -> Any:
+    """A proto float as the decimal the prototxt wrote (0.1, not float32's 0.100000001)."""
+    return float(f"{value:.7g}") if isinstance(value, float) else value
 
 
 def check(s: UpdateSettings) -> None:
