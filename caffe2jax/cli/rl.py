@@ -287,10 +287,14 @@ def _train(args: argparse.Namespace, trainer: PolicyGradientTrainer, start: floa
         print(f"Resuming from {args.snapshot} at episode {len(resume.returns)}", flush=True)
     flag, previous = _stop_on_sigint()
 
+    seen = {"iter": trainer.iterations(resume.state) if resume is not None else 0}
+
     def on_batch(result: RunResult, metrics: BatchMetrics) -> bool:
         show(result, metrics)
         iteration = trainer.iterations(result.state)
-        if save and ((every and iteration % every == 0) or flag["stop"]):
+        crossed = every and iteration // every > seen["iter"] // every  # PPO: many per batch
+        seen["iter"] = iteration
+        if save and (crossed or flag["stop"]):
             save(result)
             saved["iter"] = iteration
         return flag["stop"]

@@ -25,6 +25,8 @@ setting                     unset means                 MyCaffe's (paper's) valu
 ``allow_discount_reset``    false                       false (``AllowDiscountReset``)
 ``eps_steps/start/end``     0 / 0 / 0 (off)             0 / 0 / 0 (PG.MT ``EpsSteps``…)
 ``episode_elite_percent``   1 (keep all)                1.0 (PG.MT ``EpisodeElitePercent``)
+``update``                  PG, one step a batch        PG (``TrainerPG``); TRPO, PPO and
+                                                        multi-step: :mod:`.update`
 ==========================  ==========================  ==================================
 
 Atari (``env: "ALE/<Game>-v5"``, :mod:`.ale_env`): ``num_envs`` (1) emulators at once,
@@ -51,6 +53,8 @@ from caffe2jax.runtime.rl import ale_env, envs, gymnax_env
 from caffe2jax.runtime.rl.gym_host import GYM_PREFIX
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.rollout import RESET_MODES
+from caffe2jax.runtime.rl.update import UpdateSettings
+from caffe2jax.runtime.rl.update import from_proto as update_settings
 
 UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
 # Gymnasium's reward_threshold of the same environments
@@ -90,6 +94,7 @@ class RLConfig:
     preprocess: bool = True
     overlap: bool = True
     env_threads: int = 0
+    update: UpdateSettings = UpdateSettings()  # PG, TRPO or PPO (:mod:`.update`)
 
     @property
     def is_ale(self) -> bool:
@@ -186,6 +191,7 @@ def from_solver(solver_param: Any, memory_batch: int = 10, **overrides: Any) -> 
         "eps_end": rl.eps_end,
         "episode_elite_percent": rl.episode_elite_percent,
         **_atari(rl),
+        "update": update_settings(rl),
     }
     values["seed"] = _seed(solver_param, given.pop("seed", None))
     values.update(given)

@@ -55,6 +55,13 @@ class PolicySpec:
     per_step: int  # MemoryLoss normaliser: per_step · T when by_length, else 1
     by_length: bool
     loss_weight: float
+    prob_bottom: str = ""  # SSA id of the Sigmoid/Softmax's bottom
+
+    @property
+    def probs_differentiable(self) -> bool:
+        """The action probabilities follow from MemoryLoss's bottom (the blob Caffe
+        back-propagates from): it is the probabilities, or the logits they are taken of."""
+        return self.loss_bottom in (self.prob_blob, self.prob_bottom)
 
 
 def _only(net: ir.Net, type_name: str) -> ir.Layer:
@@ -141,6 +148,7 @@ def inspect_policy(model: Model) -> PolicySpec:
         per_step=per_step,
         by_length=by_length,
         loss_weight=float(loss.loss_weights[0]),
+        prob_bottom=prob_layer.bottoms[0],
     )
 
 
@@ -179,3 +187,25 @@ class PolicyNet:
         blobs, _ = self.rows(n).apply(params, state, inputs)
         probs = blobs[spec.prob_blob].reshape(n, -1)
         return probs, blobs[spec.loss_bottom].reshape(n, -1)
+
+    def probs_of_bottom(self, bottom: jax.Array) -> jax.Array:
+        """The action probabilities as a differentiable function of MemoryLoss's bottom rows
+        (Caffe computes no diff on the Sigmoid/Softmax side branch, so :meth:`forward`'s
+        ``probs`` carry no gradient): the bottom itself, or its sigmoid/softmax."""
+        self.require_differentiable()
+        spec = self.spec
+        if spec.loss_bottom == spec.prob_blob:
+            return bottom
+        if spec.kind == SIGMOID:
+            return jax.nn.sigmoid(bottom)
+        return jax.nn.softmax(bottom, axis=-1)
+
+    def require_differentiable(self) -> None:
+        """An RLError unless :meth:`probs_of_bottom` can run on this net."""
+        spec = self.spec
+        if not spec.probs_differentiable:
+            raise RLError(
+                f"MemoryLoss '{spec.loss_layer}' reads neither the action probabilities nor "
+                "the logits they are taken of; TRPO and PPO differentiate the probabilities "
+                "through MemoryLoss's bottom"
+            )

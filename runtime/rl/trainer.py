@@ -32,16 +32,17 @@ from caffe2jax.lowering.forks import mycaffe as memory_loss  # noqa: F401 - regi
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
-from caffe2jax.runtime.rl import ale_loop, host_loop, rule
+from caffe2jax.runtime.rl import ale_loop, host_loop, learners, rule
 from caffe2jax.runtime.rl import config as rl_config
 from caffe2jax.runtime.rl.driver import EnvDriver
 from caffe2jax.runtime.rl.jax_loop import JaxLoop
 from caffe2jax.runtime.rl.policy import SIGMOID, PolicyNet, RLError
 from caffe2jax.runtime.rl.rollout import Lanes, RolloutOptions, Trajectory, new_lanes
 from caffe2jax.runtime.rl.state import BatchMetrics, PolicyState
+from caffe2jax.runtime.rl.update import PG
 from caffe2jax.runtime.train.setup import read_solver_param, resolve
 from caffe2jax.runtime.train.solvers import solver_iter
-from caffe2jax.runtime.train.step import Trainer, merge
+from caffe2jax.runtime.train.step import Trainer, merge, multipliers, split
 
 SOLVED_WINDOW = 100
 RUNNING_DECAY = 0.99  # pg-pong's running_reward = running_reward * 0.99 + reward_sum * 0.01
@@ -104,6 +105,7 @@ class PolicyGradientTrainer:
         except ValueError as err:
             raise RLError(f"solver: {err}") from None
         self.tx = self.solver.tx
+        self.learning = self._learning()
         self.mesh = self._mesh(devices)
         self.learn = jax.jit(self.learn_fn)
         self._init = jax.jit(self.model.init)  # one compilation, not one per filler op
@@ -200,15 +202,31 @@ class PolicyGradientTrainer:
     # -- the jitted pieces --------------------------------------------------------------------
 
     def learn_fn(self, params: Params, state: Params, opt_state: Any, traj: Trajectory) -> tuple:
-        """The rule on a batch of episodes, then ONE solver update: ``(params, opt_state)``
-        (drivers call it jitted, as :attr:`learn`, or trace it in their own program)."""
-        cfg, spec = self.config, self.policy.spec
+        """The rule on a batch of episodes, then the update rl_param's ``update`` names
+        (default: ONE solver update): ``(params, opt_state)`` (drivers call it jitted, as
+        :attr:`learn`, or trace it in their own program)."""
+        cfg = self.config
         returns = rule.discounted_returns(
             traj.rewards, traj.mask, cfg.gamma, cfg.allow_discount_reset
         )
         advantage = rule.standardize(returns, traj.mask, cfg.population_std)
         elite = rule.elite_mask(jnp.sum(traj.rewards, axis=0), cfg.episode_elite_percent)
         advantage = advantage * elite
+        if cfg.update.type != PG:
+            return self.learning.learn(params, state, opt_state, traj, advantage)
+        if cfg.update.steps == 1:
+            return self._pg_update(params, state, opt_state, traj, advantage)
+        return jax.lax.fori_loop(
+            0, cfg.update.steps,
+            lambda _, c: self._pg_update(c[0], state, c[1], traj, advantage),
+            (params, opt_state),
+        )  # fmt: skip
+
+    def _pg_update(
+        self, params: Params, state: Params, opt_state: Any, traj: Trajectory, advantage: Any
+    ) -> tuple:
+        """MyCaffe's rule (MemoryLoss's scale, the diffs) and one solver ApplyUpdate."""
+        cfg, spec = self.config, self.policy.spec
         by_length = spec.by_length if cfg.normalize_by_length is None else cfg.normalize_by_length
         per_step = spec.per_step if cfg.normalize_by_length is None else 1
         advantage = advantage * rule.loss_scale(traj.mask, spec.loss_weight, per_step, by_length)
@@ -219,6 +237,25 @@ class PolicyGradientTrainer:
         grads = rule.batch_grads(bottom_of, params, traj, advantage, spec.kind == SIGMOID)
         params, opt_state, _ = self.solver.update(params, state, opt_state, grads)
         return params, opt_state
+
+    def _learning(self) -> learners.Learning:
+        """TRPO's and PPO's view of the policy and the solver (:mod:`.learners`)."""
+
+        def forward(p: Params, state: Params, x: jax.Array) -> jax.Array:
+            return self.policy.probs_of_bottom(self.policy.forward(p, state, self._decode(x))[1])
+
+        def apply(p: Params, state: Params, o: Any, diff: Params) -> tuple:
+            return self.solver.update(p, state, o, diff)[:2]
+
+        if self.config.update.type != PG:
+            self.policy.require_differentiable()
+        params, state = jax.eval_shape(self.model.init, jax.random.key(0))
+        lr, _ = multipliers(self.model, merge(params, state))
+        mults = jax.tree.leaves(lr)
+        keep = None if all(mults) else jax.tree.map(lambda m: float(m != 0), split(lr, params))
+        sigmoid = self.policy.spec.kind == SIGMOID
+        return learners.Learning(self.config.update, forward, apply, sigmoid, self.config.seed,
+                                 keep)  # fmt: skip
 
     # -- driving ------------------------------------------------------------------------------
 
