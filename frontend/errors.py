@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-MAX_MESSAGE = 240  # a hard cap (a terminal line or two); messages are written to stay near 200
+MAX_MESSAGE = 320  # a hard cap (a terminal line or two); messages are written to stay near 200
+# plus the file's path, which may be long (a user's folders, a test's tmp_path)
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -45,7 +45,8 @@ def type_first(err: PrototxtError, layer_types: Callable[[str], str | None] | No
         return err
     where = str(err).split(": layer '", 1)[0]
     field_note = f"; its field '{field}' is unknown too" if field else ""
-    out = PrototxtError(f"{where}: layer '{layer[0]}' (type {kind}): {problem}{field_note}")
+    shown = kind if len(kind) <= 40 else kind[:40] + "…"
+    out = PrototxtError(f"{where}: layer '{layer[0]}' (type {shown}): {problem}{field_note}")
     out.layer, out.field = layer, field
     return out
 

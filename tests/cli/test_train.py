@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from caffe2jax.frontend.errors import MAX_MESSAGE
 from caffe2jax.runtime.data.records.datum import array_to_datum
 from caffe2jax.runtime.data.records.db import Writer
 from tests.cli_runner import run_cli
@@ -30,7 +31,8 @@ LOG = (
 def _error_line(proc) -> str:
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and len(lines[0]) <= 300, proc.stderr
+    # a message is at most MAX_MESSAGE characters, after the "caffe2jax <verb>: error: " prefix
+    assert len(lines) == 1 and len(lines[0]) <= MAX_MESSAGE + 40, proc.stderr
     return lines[0]
 
 
@@ -114,11 +116,13 @@ def test_prototxt_errors_are_short_and_located(tmp_path):
     path.write_bytes(b'name: "x"\nlayer {\n  name: "a"\x01\n  type: "Input"\n}\n')
     line = _error_line(run_cli("summary", path))
     assert line.endswith(
-        f"{path}:3:12: Expected identifier or number, got \\x01 (at token '\\x01')"
+        f"{path}:3:12: layer 'a' (type Input): Expected identifier or number, got \\x01 "
+        "(at token '\\x01')"
     )
     path.write_text('layer { name: "a" type: "' + "x" * 60000 + '" bottom: 3 }\n')
     line = _error_line(run_cli("summary", path))
-    assert re.search(r"net\.prototxt:1:\d+: Expected string but found: '3'", line)
+    # the type is unsupported: said first (the field error matters less), the type cut at 40
+    assert re.search(r"net\.prototxt:1:\d+: layer 'a' \(type x{40}…\): unsupported type", line)
 
 
 def test_solver_errors_name_the_solver_file(tmp_path):

@@ -26,7 +26,7 @@ COUNTS = ["0", "1", "2", "-1", "2147483648", "-2147483649", "1000000000000000000
           "abc", "", "1e3"]  # fmt: skip
 NUMBERS = ["0", "1", "2", "-1", "2147483647", "2147483648", "-2147483648", "100000000000000000000",
            "nan", "abc", ""]  # fmt: skip
-MAX_LINE = 280  # the runner's MAX_MESSAGE and the "caffe2jax <verb>: error: " prefix
+MAX_LINE = 360  # the runner's MAX_MESSAGE and the "caffe2jax <verb>: error: " prefix
 
 
 def bad_path(rng: random.Random, work: Path) -> str:

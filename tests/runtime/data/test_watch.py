@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.frontend.errors import DataError
+from caffe2jax.frontend.errors import MAX_MESSAGE, DataError
 from caffe2jax.runtime.data.records.db import open_db
 from tests.runtime.data.helpers import write_db
 
@@ -104,7 +104,7 @@ def test_a_database_changed_under_train_is_told_within_an_epoch(tmp_path, monkey
         with pytest.raises(DataError) as err:
             solver.step(RECORDS // BATCH)  # one epoch
         message = str(err.value)
-        assert "\n" not in message and len(message) <= 240, message
+        assert "\n" not in message and len(message) <= MAX_MESSAGE, message
         assert TOLD[change] in message, message
         if change != "truncated":  # the lease: told before the truncation happens
             assert message.startswith("db: the database changed during the run ("), message

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from caffe2jax.frontend import caffe_pb2
-from caffe2jax.frontend.errors import DataError, WeightsError
+from caffe2jax.frontend.errors import MAX_MESSAGE, DataError, WeightsError
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.data.readers.hdf5_data import load_hdf5_tops
 from caffe2jax.runtime.formats.convert import convert_weights
@@ -37,7 +37,7 @@ def _weights(tmp_path, edit):
 
 def _one_line(err) -> str:
     text = str(err.value)
-    assert "\n" not in text and len(text) <= 240, text
+    assert "\n" not in text and len(text) <= MAX_MESSAGE, text
     return text
 
 

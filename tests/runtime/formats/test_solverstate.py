@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from caffe2jax.frontend.errors import WeightsError
+from caffe2jax.frontend.errors import MAX_MESSAGE, WeightsError
 from caffe2jax.runtime.formats.solverstate import read_solverstate, write_solverstate
 from tests.golden import GOLDEN, require
 
@@ -66,4 +66,4 @@ def test_learned_net_names_no_file_can_have_are_refused(tmp_path, name, problem)
         read_solverstate(path)
     assert str(err.value).startswith(f"{path}: learned_net ")
     assert problem in str(err.value)
-    assert len(str(err.value)) <= 240
+    assert len(str(err.value)) <= MAX_MESSAGE
