@@ -20,6 +20,7 @@ Reproduced from Caffe (pooling_layer.cpp/.cu, spp_layer.cpp):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -285,6 +286,7 @@ def pool_layer(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> list[
     top, or for MAX a second top with the argmax mask."""
     (x,) = bottoms
     spec = spec_of(layer, tuple(x.shape))
+    warn_empty_windows(layer, spec, x.shape[2:])
     if len(layer.tops) == 2 and spec.method != MAX:
         raise fail(layer, f"{_NAMES[spec.method]} pooling has 1 top, got 2")
     y = pool(x, spec, ctx.train, ctx, ctx.engine)
@@ -295,8 +297,23 @@ def pool_layer_nhwc(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> 
     """MAX or AVE pooling of a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
     (x,) = bottoms
     spec = spec_of(layer, nchw(x.shape))
+    warn_empty_windows(layer, spec, spatial(x, True))
     form = max_pool if spec.method == MAX else ave_pool
     return [form(x, spec, nhwc=True, form=ctx.engine or "xla")]
+
+
+def warn_empty_windows(layer: ir.Layer, spec: PoolSpec, hw) -> None:
+    """AVE with a window past the input (CEIL rounding, kernel < stride, no pad): Caffe divides
+    its zero sum by the window's size, 0 / 0 = NaN when the window starts at ``H``. Reproduced,
+    and said once per layer."""
+    if spec.method == AVE and reads_nothing(spec, tuple(hw)):
+        warnings.warn(
+            f"layer '{layer.name}' ({layer.type}): AVE windows past the {list(hw)} input "
+            f"(kernel {list(spec.kernel)} < stride {list(spec.stride)}) give Caffe's "
+            "0 / pool_size, NaN where that size is 0",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def max_or_ave(layer: ir.Layer, shapes) -> bool:

@@ -8,6 +8,8 @@ the engine policy, for BVLC's Pooling, the ``ceil_mode`` spelling and darknet2ca
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,8 +106,12 @@ def test_kernel_below_stride_keeps_caffes_empty_window_values():
     x = RNG.standard_normal((1, 1, 4, 4)).astype(np.float32)
     for method in ("AVE", "MAX"):
         param = f"pooling_param {{ pool: {method} kernel_size: 1 stride: 2 }}"
-        (y,), _, _ = _forward_and_backward(compile_net(net_text("Pooling", [x.shape], param)),
-                                           x, ("y",))  # fmt: skip
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            (y,), _, _ = _forward_and_backward(compile_net(net_text("Pooling", [x.shape], param)),
+                                               x, ("y",))  # fmt: skip
+        named = [w for w in seen if "layer 'layer' (Pooling): AVE windows past" in str(w.message)]
+        assert bool(named) == (method == "AVE")  # the NaN is said, naming the layer
         if method == "AVE":
             top, _ = caffe_ave_pool_nan(x)
             np.testing.assert_array_equal(y, top.astype(np.float32))
