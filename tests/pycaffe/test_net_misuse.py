@@ -51,3 +51,40 @@ def test_save_names_the_users_path(net, tmp_path, where):
     message = str(error.value)
     assert message.startswith(path) and ".tmp" not in message, message
     assert len(message.splitlines()) == 1
+
+
+def test_a_net_past_the_memory_limit_is_a_net_error(tmp_path):
+    """A param of 65535 × 32768 floats (8 GiB) under a 4 GiB address-space limit, as the fuzz
+    worker runs: one NetError line when the Net is built, not a MemoryError on first read."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.prototxt"
+    path.write_text(TEXT.replace("dim: 3", "dim: 32768").replace("num_output: 4",
+                                                                  "num_output: 65535"))  # fmt: skip
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "import caffe2jax\n"
+        "from caffe2jax.frontend.errors import NetError\n"
+        "try:\n"
+        f"    caffe2jax.Net({str(path)!r}, caffe2jax.TEST).params['ip'][0].data\n"
+        "except NetError as err:\n"
+        "    print('NetError:', err)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("NetError:") and "ip" in proc.stdout, proc.stdout
+
+
+def test_a_short_blobproto_is_valueerror_and_dataerror():
+    from caffe2jax.frontend import caffe_pb2
+    from caffe2jax.frontend.errors import DataError
+
+    blob = caffe_pb2.BlobProto(num=65, channels=1, height=8, width=8, data=[0.0] * 64)
+    with pytest.raises(ValueError) as error:
+        caffe2jax.io.blobproto_to_array(blob)
+    assert isinstance(error.value, DataError)
