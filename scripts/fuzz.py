@@ -39,7 +39,7 @@ SHARES = {  # per 10,000 cases; the CLI and pycaffe cases compile nets (seconds 
     "hdf5data": 1000,
     "cli": 150,
     "pycaffe": 150,
-    "fork_params": 750,  # issue 37: fork layer parameters, compiled and run (a second each)
+    "fork_params": 800,  # issue 37: fork layer parameters, compiled and run (a second each)
     "new_verbs": 150,  # issue 37: detect, convert_annoset, rl with hostile rl_param fields
 }
 COLUMNS = ("unexpected exception", "hang > 60 s", "over 4 GiB", "killed by a signal")
