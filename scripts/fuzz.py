@@ -2,8 +2,9 @@
 
 Spreads ``--cases`` over every kind of tests/fuzz (:data:`SHARES`: net and solver prototxt,
 weights .caffemodel/.h5, .solverstate/.h5, binaryproto, LMDB/LevelDB Datums with encoded
-images, ImageData and HDF5Data lists, the CLI verbs, the pycaffe entry points), each case in a
-worker limited to 4 GiB of address space and 60 s (tests/fuzz/runner.py). Results are appended
+images, ImageData and HDF5Data lists, the CLI verbs, the pycaffe entry points, the fork
+layers' parameters and the newer verbs: tests/fuzz/fork_cases.py), each case in a worker
+limited to 4 GiB of address space and 60 s (tests/fuzz/runner.py). Results are appended
 to ``--log`` (JSON lines) as chunks finish; ``--table LOG`` prints the table of a log, also of
 a run cut short. Exits 1 when any case ended other than in a result or a one-line CaffeError.
 """
@@ -25,19 +26,21 @@ sys.path.insert(0, str(ROOT))
 from tests.fuzz.runner import Result, run  # noqa: E402
 
 SHARES = {  # per 10,000 cases; the CLI and pycaffe cases compile nets (seconds each)
-    "net": 1600,
+    "net": 1200,
     "solver": 900,
     "weights": 700,
     "weights_h5": 700,
-    "solverstate": 1100,
+    "solverstate": 850,
     "binaryproto": 500,
     "lmdb": 800,
     "lmdb_images": 800,
     "leveldb": 400,
-    "imagedata": 1200,
+    "imagedata": 900,
     "hdf5data": 1000,
     "cli": 150,
     "pycaffe": 150,
+    "fork_params": 800,  # issue 37: fork layer parameters, compiled and run (a second each)
+    "new_verbs": 150,  # issue 37: detect, convert_annoset, rl with hostile rl_param fields
 }
 COLUMNS = ("unexpected exception", "hang > 60 s", "over 4 GiB", "killed by a signal")
 

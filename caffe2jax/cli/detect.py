@@ -45,12 +45,35 @@ def _mean(text: str) -> tuple[float, float, float]:
     return tuple(values * 3 if len(values) == 1 else values)
 
 
+def _names(path: str) -> list[str]:
+    """The ``--labels`` file's lines (UTF-8 text)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: --labels must be UTF-8 text ({err.reason} at byte "
+                        f"{err.start})") from None  # fmt: skip
+    except OSError as err:
+        raise DataError(f"{path}: cannot read --labels ({err.strerror})") from None
+
+
 def _read(path: str) -> np.ndarray:
     import cv2
 
+    from caffe2jax.runtime.data.transform.guards import check_image_size
+    from caffe2jax.runtime.data.transform.image_header import header_size
+
     if not Path(path).is_file():
         raise DataError(f"{path}: could not open or find file")
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    with open(path, "rb") as f:
+        size = header_size(f.read(1 << 16))
+    if size is not None:  # a header declaring 60000 × 60000 is refused before decoding
+        check_image_size(size, 3, path)
+    try:
+        image = cv2.imread(path, cv2.IMREAD_COLOR)
+    except cv2.error as err:
+        raise DataError(
+            f"{path}: OpenCV cannot decode it ({str(err).strip().splitlines()[-1]})"
+        ) from None
     if image is None:
         raise DataError(f"{path}: not an image OpenCV can decode")
     return image
@@ -61,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from caffe2jax.runtime.outputs.detections import detect
 
     mean = _mean(args.mean)
-    names = Path(args.labels).read_text().splitlines() if args.labels else None
+    names = _names(args.labels) if args.labels else None
     images = [_read(path) for path in args.images]  # every file checked before compiling
     model = caffe2jax.compile(args.model, phase="TEST")
     params, state = caffe2jax.load_weights(args.weights, model, dialect=args.dialect)

@@ -311,7 +311,32 @@ def _train(args: argparse.Namespace, trainer: PolicyGradientTrainer, start: floa
     return result
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """The flags checked before anything runs (a --plot format matplotlib cannot write used
+    to fail only after the whole run)."""
+    if args.episodes is not None and args.episodes < 1:
+        raise CaffeError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.seed is not None and not -(2**63) <= args.seed < 2**63:
+        raise CaffeError(f"--seed must fit in 64 bits (int64), got {args.seed}")
+    if args.frames < 0:
+        raise CaffeError(f"--frames must be >= 0, got {args.frames}")
+    if args.plot:
+        from pathlib import Path
+
+        plt = _pyplot()
+        fig = plt.figure()
+        formats = sorted(fig.canvas.get_supported_filetypes())
+        plt.close(fig)
+        suffix = Path(args.plot).suffix.lstrip(".").lower()
+        if suffix not in formats:
+            raise CaffeError(f"--plot {args.plot}: matplotlib writes {', '.join(formats)} "
+                             f"files, not {suffix or 'a file without an extension'!r}")  # fmt: skip
+        if not Path(args.plot).resolve().parent.is_dir():
+            raise CaffeError(f"--plot {args.plot}: no such directory")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_args(args)
     if args.test:
         return run_test(args)
     if args.seeds:

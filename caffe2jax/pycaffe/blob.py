@@ -177,6 +177,12 @@ class Blob:
         script holds see the new shape); the next forward takes the new shape."""
         shape = tuple(int(d) for d in (shape[0] if len(shape) == 1 and
                                        isinstance(shape[0], tuple | list) else shape))  # fmt: skip
+        from caffe2jax.frontend.errors import NetError
+        from caffe2jax.lowering.limits import shape_problem
+
+        problem = shape_problem(shape)  # Blob::Reshape's CHECKs: dims >= 0, count <= INT_MAX
+        if problem:
+            raise NetError(f"Blob.reshape{shape}: the shape {problem}")
         self._data.reshape(shape)
         self._diff.reshape(shape)
 

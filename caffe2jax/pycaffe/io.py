@@ -68,7 +68,12 @@ def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> 
     try:
         return _datum.blobproto_to_array(blob).astype(np.float64)
     except DataError as err:
-        raise ValueError(str(err)) from None
+        raise BlobProtoError(str(err)) from None
+
+
+class BlobProtoError(DataError, ValueError):
+    """A BlobProto whose values do not fill its shape: pycaffe's ValueError, and the
+    project's DataError (one line)."""
 
 
 def array_to_blobproto(arr: np.ndarray, diff: np.ndarray | None = None) -> caffe_pb2.BlobProto:

@@ -82,6 +82,10 @@ class Net:
                                          stages=stages or (), state=state, base_dir=base_dir,
                                          seed=seed, dtype=dtype, dialect=dialect,
                                          precision=precision)  # fmt: skip
+        from caffe2jax.runtime.host.memory import check_net_fits
+
+        model = compiled.model  # blobs and params that cannot fit: one NetError, no MemoryError
+        check_net_fits(model.net, itemsize=jnp.dtype(dtype).itemsize, params=model.graph.decls)
         self._attach(compiled, *compiled.model.init(jax.random.key(seed)))
         if weights is not None:
             self.copy_from(weights)

@@ -33,7 +33,7 @@ class ParamBlobs:
         for name, j, decl in graph.owned():
             if (name, j) not in self.blobs:
                 self.blobs[(name, j)] = Blob(decl.shape, self.dtype)
-            self._order.append((name, j, decl.state, len(graph.decls[name])))
+            self._order.append((name, j, decl.state, len(graph.decls[name]), tuple(decl.shape)))
 
     def of_layer(self, graph: Graph, key: str) -> list[Blob]:
         """Layer ``key``'s blobs in Caffe's order (shared ones are their owner's Blob)."""
@@ -46,11 +46,15 @@ class ParamBlobs:
         params: dict[str, list] = {}
         state: dict[str, list] = {}
         blobs = self.blobs
-        for name, j, is_state, count in self._order:
+        for name, j, is_state, count, shape in self._order:
             tree = state if is_state else params
             slots = tree.get(name)
             if slots is None:
                 slots = tree[name] = [None] * count
+            if tuple(blobs[(name, j)].shape) != shape:  # a script's Blob.reshape of a param
+                raise NetError(f"layer '{name}': param blob {j} has shape "
+                               f"{list(blobs[(name, j)].shape)}, the layer needs {list(shape)}; "
+                               "reshape it back (or reshape the net's inputs)")  # fmt: skip
             slots[j] = blobs[(name, j)].device_data()
         return params, NetState(state, self.carry)
 

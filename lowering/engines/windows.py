@@ -163,6 +163,9 @@ def divisor(spec, hw: tuple[int, ...], dtype, nhwc: bool) -> jax.Array:
     sizes = []
     for o, s, k, n, p in zip(spec.out, spec.stride, spec.kernel, hw, spec.pad):
         start = lax.iota(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, o) * s - p
+        # a window starting past the input keeps the sign and zero of its size (all its
+        # quotient 0 / size depends on) without overflowing start + k (a stride of 2^31 − 1)
+        start = jnp.minimum(start, n + p + 1)
         sizes.append((jnp.minimum(start + k, n + p) - start).astype(dtype))
     d = sizes[0][:, None] * sizes[1][None, :]
     return d[:, :, None] if nhwc else d

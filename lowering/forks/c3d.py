@@ -27,6 +27,7 @@ Reproduced from C3D (convolution3d_layer.cpp, pool3d_layer.cpp/.cu, v1.0 and v1.
 from __future__ import annotations
 
 import itertools
+import warnings
 from functools import partial
 
 import jax
@@ -212,21 +213,56 @@ def _max_bwd(kernel, stride, padding, residuals, dy):
 max_pool3d.defvjp(_max_fwd, _max_bwd)
 
 
+def live_windows(shape, kernel, stride, pad, out) -> tuple[Triple, Triple]:
+    """(stride, out) of the windows that read an input cell: on each axis the first
+    ``ceil((n + pad) / stride)``. A lone window's stride is never used: it is set to the padded
+    extent ``max(n + pad, kernel)``, so reduce_window makes that one window. Pooling only these
+    bounds the padding by one kernel whatever the stride (2^31 − 1 aborted XLA)."""
+    live = tuple(min(o, (n + q - 1) // s + 1) for n, s, q, o in zip(shape[2:], stride, pad, out))
+    lone = (max(n + q, k) for n, q, k in zip(shape[2:], pad, kernel))
+    return tuple(s if c > 1 else t for s, c, t in zip(stride, live, lone)), live  # type: ignore[return-value]
+
+
+def _warn_empty_windows(layer: ir.Layer, method: int, shape, out, live) -> None:
+    """C3D rounds the pooled size up with no last-window correction, so a window may start
+    past the input (kernel 1, stride 2, even width): it reads nothing and C3D outputs
+    −FLT_MAX (MAX) or 0 / its size (AVE: NaN where that size is 0). caffe2jax keeps C3D's
+    arithmetic and says so once per layer."""
+    if tuple(live) == tuple(out):
+        return
+    what = "-FLT_MAX" if method == P3.MAX else "0 / window size (NaN when that size is 0)"
+    warnings.warn(
+        f"layer '{layer.name}' (Pooling3D): output {list(out)} of input {list(shape[2:])} has "
+        f"windows starting past the input (C3D's rounded-up size); as in C3D they give {what}",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
 @register("Pooling3D", counts=(1, 1, 1, 1))
 def pooling3d(layer: ir.Layer, params, bottoms, ctx: Context) -> list[jax.Array]:
-    """Pooling3DLayer: C3D's MAX or AVE pooling over (L, H, W) windows."""
+    """Pooling3DLayer: C3D's MAX or AVE pooling over (L, H, W) windows; the windows that read
+    no input hold C3D's −FLT_MAX (MAX) or zero sum over their size (AVE)."""
     x = bottoms[0]
     method, kernel, stride, pad, out = pool3d_spec(layer, x.shape)
-    padding = _padding(x.shape, kernel, stride, pad, out)
+    live_stride, live = live_windows(x.shape, kernel, stride, pad, out)
+    _warn_empty_windows(layer, method, x.shape, out, live)
+    padding = _padding(x.shape, kernel, live_stride, pad, live)
+    after = [(0, 0), (0, 0), *((0, o - n) for o, n in zip(out, live))]
     if method == P3.MAX:
-        return [max_pool3d(x, kernel, stride, tuple(padding))]
+        y = _crop(max_pool3d(x, kernel, live_stride, tuple(padding)), live)
+        return [jnp.pad(y, after, constant_values=-_FLT_MAX)]
     # a NumPy zero stays concrete under jit, so the sum is a differentiable monoid reduction
     # (with jnp's traced zero the compiled train step failed: "Linearization failed")
     total = lax.reduce_window(
-        x, np.zeros((), x.dtype), lax.add, (1, 1, *kernel), (1, 1, *stride), padding
+        x, np.zeros((), x.dtype), lax.add, (1, 1, *kernel), (1, 1, *live_stride), padding
     )
     divisor = _ave_divisor(x.shape, kernel, stride, pad, out)
-    return [total / jnp.asarray(divisor, x.dtype)]
+    return [jnp.pad(_crop(total, live), after) / jnp.asarray(divisor, x.dtype)]
+
+
+def _crop(y: jax.Array, out) -> jax.Array:
+    return y[(slice(None), slice(None), *(slice(0, o) for o in out))]
 
 
 def video_data(layer: ir.Layer):

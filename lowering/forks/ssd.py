@@ -134,13 +134,31 @@ def _aspect_ratios(p) -> list[float]:
 def _variances(layer: ir.Layer, p) -> list[float]:
     """One variance for all four coordinates, four, or none (0.1)."""
     values = [float(v) for v in p.variance]
-    if any(v <= 0 for v in values):
-        raise fail(layer, f"variance must be positive, got {values}")
+    if not all(0 < v < math.inf for v in values):  # the fork's CHECK_GT(variance, 0); NaN fails
+        raise fail(layer, f"variance must be positive and finite, got {values}")
     if len(values) == 1:
         return values * 4
     if len(values) in (0, 4):
         return values or [0.1] * 4
     raise fail(layer, f"must provide 1 or 4 variances, got {len(values)}")
+
+
+def _int_size(layer: ir.Layer, field: str, raw: float) -> int:
+    """A min_size/max_size as the fork's ``int``: positive (its CHECK_GT; NaN fails it) and
+    below 2^31 (an int cannot hold more)."""
+    if not 0 < raw < 2**31:
+        raise fail(layer, f"{field} must be positive and below 2^31, got {raw}")
+    return int(raw)
+
+
+def _positive(layer: ir.Layer, p, fields: tuple[str, ...]) -> None:
+    """The fork's CHECK_GT(…, 0) on the image size and step fields it reads (NaN fails it; an
+    infinite step too, which would make every prior infinite)."""
+    for field in fields:
+        value = getattr(p, field)
+        if not 0 < value < math.inf:
+            raise fail(layer, f"prior_box_param.{field} should be larger than 0 and finite, "
+                              f"got {value}")  # fmt: skip
 
 
 def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
@@ -152,12 +170,10 @@ def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
     sizes = []
     f32 = np.float32
     for s, raw in enumerate(p.min_size):
-        if raw <= 0:
-            raise fail(layer, f"min_size must be positive, got {raw}")
-        ms = int(raw)  # the fork stores min/max sizes in ints
+        ms = _int_size(layer, "min_size", raw)  # the fork stores min/max sizes in ints
         sizes.append((ms, ms))
         if p.max_size:
-            big = int(p.max_size[s])
+            big = _int_size(layer, "max_size", p.max_size[s])
             if p.max_size[s] <= raw:
                 raise fail(layer, "max_size must be greater than min_size")
             side = f32(math.sqrt(ms * big))  # sqrt(int) in double, kept in a float
@@ -187,9 +203,29 @@ def _image_and_step(p, feature: Shape, image: Shape) -> tuple[float, float, floa
     return float(img_w), float(img_h), float(step_w), float(step_h)
 
 
+def _check_image_and_step(layer: ir.Layer, p) -> None:
+    """PriorBoxLayer::LayerSetUp's CHECKs on img_size/img_h/img_w, step/step_h/step_w; and a
+    finite offset (the fork has no CHECK; NaN would give NaN priors)."""
+    if (p.HasField("img_h") or p.HasField("img_w")) and p.HasField("img_size"):
+        raise fail(layer, "Either img_size or img_h/img_w should be specified; not both")
+    if (p.HasField("step_h") or p.HasField("step_w")) and p.HasField("step"):
+        raise fail(layer, "Either step or step_h/step_w should be specified; not both")
+    if p.HasField("img_h") or p.HasField("img_w"):
+        _positive(layer, p, ("img_h", "img_w"))
+    elif p.HasField("img_size"):
+        _positive(layer, p, ("img_size",))
+    if p.HasField("step_h") or p.HasField("step_w"):
+        _positive(layer, p, ("step_h", "step_w"))
+    elif p.HasField("step"):
+        _positive(layer, p, ("step",))
+    if not math.isfinite(p.offset):
+        raise fail(layer, f"prior_box_param.offset must be finite, got {p.offset}")
+
+
 def prior_boxes(layer: ir.Layer, feature: Shape, image: Shape) -> np.ndarray:
     """The (1, 2, H·W·num_priors·4) PriorBox top as a float32 numpy array."""
     p = layer.param.prior_box_param
+    _check_image_and_step(layer, p)
     sizes = np.asarray(_prior_sizes(layer, p), np.float64)
     img_w, img_h, step_w, step_h = _image_and_step(p, feature, image)
     off = np.float32(p.offset)

@@ -37,6 +37,7 @@ from caffe2jax.lowering.forks.ssd_pixels import (
     output_bbox,
     resize_settings,
 )
+from caffe2jax.lowering.limits import INT_MAX
 from caffe2jax.lowering.registry import ParamDecl, register
 from caffe2jax.lowering.util import fail
 
@@ -45,8 +46,11 @@ def _settings(layer) -> dict:
     p = layer.param.detection_evaluate_param
     if not p.HasField("num_classes"):
         raise fail(layer, "must provide num_classes")
-    if p.overlap_threshold <= 0:
+    if not p.overlap_threshold > 0:  # NaN fails too
         raise fail(layer, "overlap_threshold must be positive")
+    if p.num_classes * 5 > INT_MAX:  # the top's C' rows of 5: refused before anything is built
+        raise fail(layer, f"num_classes {p.num_classes} must be at most {INT_MAX // 5} "
+                          "(5 values per class in the top, within INT_MAX)")  # fmt: skip
     sizes = name_sizes(layer, p.name_size_file) if p.HasField("name_size_file") else None
     return dict(classes=p.num_classes, background=p.background_label_id,
                 threshold=p.overlap_threshold, difficult=p.evaluate_difficult_gt, sizes=sizes,
@@ -56,8 +60,10 @@ def _settings(layer) -> dict:
 def _headers(gt, s: dict, dtype):
     """The per-class rows [−1, c, num_pos, −1, −1]."""
     counted = gt["valid"] & (s["difficult"] | ~gt["difficult"])
-    classes = [c for c in range(s["classes"]) if c != s["background"]]
-    labels = jnp.asarray(classes, jnp.int32)
+    # traced, never a host list: C' can be large, and shape inference then allocates nothing
+    labels = jnp.arange(s["classes"], dtype=jnp.int32)
+    if 0 <= s["background"] < s["classes"]:
+        labels = jnp.concatenate([labels[: s["background"]], labels[s["background"] + 1 :]])
     num_pos = jnp.sum(counted[None, :] & (gt["label"][None, :] == labels[:, None]), axis=1)
     minus = jnp.full(labels.shape, -1.0, dtype)
     return jnp.stack([minus, labels.astype(dtype), num_pos.astype(dtype), minus, minus], 1)

@@ -43,7 +43,8 @@ from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.boxes.coders import decode_boxes, encode_boxes
-from caffe2jax.lowering.boxes.matching import ground_truth, match_boxes
+from caffe2jax.lowering.boxes.iou import SSD, iou
+from caffe2jax.lowering.boxes.matching import cross_boundary, ground_truth, match_batch, match_boxes
 from caffe2jax.lowering.layers.loss import LOG_FLT_MIN, loss_normalization
 from caffe2jax.lowering.registry import register
 from caffe2jax.lowering.util import count, fail
@@ -224,16 +225,22 @@ def _normalizer(s: Settings, n: int, p: int, num_matches):
 
 
 def _matches(loc, priors, gt, s: Settings, n: int):
-    """Per image: (match, overlap, boxes matched against) with gt validity (N, G)."""
-    item = jnp.arange(n)[:, None]
-    valid = gt["present"] & (gt["item"][None, :] == item)
+    """Per image: (match, overlap, boxes matched against) with gt validity (N, G). The gt rows
+    are matched against their own image's boxes only (lowering/boxes/matching.py
+    :func:`~caffe2jax.lowering.boxes.matching.match_batch`): (G, P) work, not (N, P, G)."""
+    rows = gt["present"] & (gt["item"] >= 0) & (gt["item"] < n)
     if not s.use_difficult:
-        valid = valid & ~gt["difficult"][None, :]
+        rows = rows & ~gt["difficult"]
+    valid = rows[None, :] & (gt["item"][None, :] == jnp.arange(n)[:, None])
+    image = jnp.clip(gt["item"], 0, n - 1)
     if s.use_prior:
         boxes = jnp.broadcast_to(priors[0], (n,) + priors[0].shape)
+        overlaps = iou(priors[0], gt["boxes"], SSD).T
     else:
         boxes = decode_boxes(priors[0], priors[1], lax.stop_gradient(loc), s.code, s.var_in_target)
-    match, overlap = jax.vmap(lambda b, v: match_image(b, gt["boxes"], v, s))(boxes, valid)
+        overlaps = jax.vmap(lambda b, g: iou(b, g[None], SSD)[:, 0])(boxes[image], gt["boxes"])
+    ignored = cross_boundary(boxes) if s.cross else None
+    match, overlap = match_batch(overlaps, image, rows, n, s.threshold, s.per_prediction, ignored)
     return match, overlap, boxes, valid
 
 

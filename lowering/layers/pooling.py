@@ -20,6 +20,7 @@ Reproduced from Caffe (pooling_layer.cpp/.cu, spp_layer.cpp):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.lowering.engines import windows
-from caffe2jax.lowering.engines.windows import offset_slices, spatial
+from caffe2jax.lowering.engines.windows import offset_slices, on_hw, spatial
 from caffe2jax.lowering.registry import Context, Planning, register
 from caffe2jax.lowering.util import fail, nchw
 
@@ -147,54 +148,88 @@ def _window(x: jax.Array, spec: PoolSpec, init: float, op, nhwc: bool = False) -
     return windows.reduce_windows(x, spec, init, op, nhwc)
 
 
+def live_spec(spec: PoolSpec, hw: tuple[int, ...]) -> PoolSpec:
+    """The windows that read an input cell: on each axis the first ``ceil((H + p) / s)`` (with
+    CEIL rounding a window may start at or past ``H``, and read only padding or nothing). A lone
+    window's stride is never used; it is set to 1. Pooling only these windows keeps the padding
+    under one kernel past the input whatever the stride (a stride of 2^31 − 1 asked XLA for a
+    2^31-wide pad, 65,536 for 34 GB)."""
+    live = tuple(
+        min(o, (n + p - 1) // s + 1) for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw)
+    )
+    stride = tuple(s if count > 1 else 1 for s, count in zip(spec.stride, live))
+    return PoolSpec(spec.method, spec.kernel, stride, spec.pad, live)  # type: ignore[arg-type]
+
+
+def reads_nothing(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
+    """Whether some window starts past the input (CEIL rounding, kernel < stride, no pad)."""
+    return live_spec(spec, hw).out != spec.out
+
+
+def extend(y: jax.Array, spec: PoolSpec, fill: float, nhwc: bool = False) -> jax.Array:
+    """``y``, pooled over the live windows, padded with ``fill`` to all of ``spec.out``."""
+    after = tuple((0, o - n) for o, n in zip(spec.out, spatial(y, nhwc)))
+    if not any(a for _, a in after):
+        return y
+    return jnp.pad(y, on_hw(nhwc, after, (0, 0)), constant_values=fill)
+
+
 def max_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, form: str = "xla") -> jax.Array:
     """MAX over each window, padding ignored; the backward routes each diff to the window's
-    first maximum in row-major order, as Caffe's mask does.
+    first maximum in row-major order, as Caffe's mask does. A window that reads no input keeps
+    Caffe's −FLT_MAX start.
 
     Every form keeps that rule: windows.max_first by its per-offset ``==`` selects, XLA's
     select_and_scatter by its ``>=`` select in the window's row-major order
     (tests/lowering/layers/test_pooling.py checks them on tied inputs).
     """
+    live = live_spec(spec, spatial(x, nhwc))
     if form == "xla":
-        y = _window(x, spec, -jnp.inf, lax.max, nhwc)
+        y = _window(x, live, -jnp.inf, lax.max, nhwc)
     else:
-        y = windows.max_first(x, spec, nhwc, form == "phases")
-    if _has_empty_window(spec, spatial(x, nhwc)):  # kernel < stride: Caffe leaves its -FLT_MAX
-        y = jnp.where(jnp.isneginf(y), jnp.asarray(-_FLT_MAX, y.dtype), y)
-    return y
-
-
-def _has_empty_window(spec: PoolSpec, hw: tuple[int, ...]) -> bool:
-    """Whether the last window on some axis starts past the input (possible without pad)."""
-    return any((o - 1) * s - p >= n for o, s, p, n in zip(spec.out, spec.stride, spec.pad, hw))
+        y = windows.max_first(x, live, nhwc, form == "phases")
+    return extend(y, spec, -_FLT_MAX, nhwc)
 
 
 def ave_pool(x: jax.Array, spec: PoolSpec, nhwc: bool = False, form: str = "xla") -> jax.Array:
     """AVE: the zero-padded window sum over Caffe's clipped window size."""
-    if form != "xla":
-        return windows.ave(x, spec, nhwc, form == "phases")
     hw = spatial(x, nhwc)
-    return _window(x, spec, 0.0, lax.add, nhwc) / windows.divisor(spec, hw, x.dtype, nhwc)
+    live = live_spec(spec, hw)
+    if form != "xla":
+        y = windows.ave(x, live, nhwc, form == "phases")
+    else:
+        y = _window(x, live, 0.0, lax.add, nhwc) / windows.divisor(live, hw, x.dtype, nhwc)
+    return y if live.out == spec.out else _empty_windows(y, spec, live, hw, nhwc)
+
+
+def _empty_windows(y, spec: PoolSpec, live: PoolSpec, hw, nhwc: bool) -> jax.Array:
+    """AVE windows that read no input: Caffe's zero sum over its ``pool_size`` (0/0, NaN, when
+    the window starts exactly at ``H + pad``, as in Caffe)."""
+    empty = jnp.zeros((), y.dtype) / windows.divisor(spec, hw, y.dtype, nhwc)
+    rows, cols = (lax.iota(jnp.int32, o) < n for o, n in zip(spec.out, live.out))
+    inside = rows[:, None] & cols[None, :]
+    return jnp.where(inside[:, :, None] if nhwc else inside, extend(y, spec, 0.0, nhwc), empty)
 
 
 def max_mask(x: jax.Array, spec: PoolSpec) -> jax.Array:
     """Caffe's MAX mask top: the flat index ``h·W + w`` of the first maximum, as a float.
 
     A scan over the k_h·k_w window offsets (a static loop) with Caffe's strict ``>`` test and
-    its ``−FLT_MAX`` start, so ties keep the earlier element. Carries no gradient.
+    its ``−FLT_MAX`` start, so ties keep the earlier element; −1 where the window reads no
+    input. Carries no gradient.
     """
-    x = lax.stop_gradient(x)
+    x, live = lax.stop_gradient(x), live_spec(spec, x.shape[2:])
     h, w = x.shape[2:]
     # at least float32: a bfloat16 mask (precision "bf16") would round indices above 256
     kind = jnp.promote_types(x.dtype, jnp.float32)
     index = jnp.broadcast_to(jnp.arange(h * w, dtype=kind).reshape(1, 1, h, w), x.shape)
-    best = jnp.full(x.shape[:2] + spec.out, -_FLT_MAX, x.dtype)
+    best = jnp.full(x.shape[:2] + live.out, -_FLT_MAX, x.dtype)
     arg = jnp.full(best.shape, -1, kind)
-    for value, where in zip(offset_slices(x, spec, -jnp.inf), offset_slices(index, spec, -1)):
+    for value, where in zip(offset_slices(x, live, -jnp.inf), offset_slices(index, live, -1)):
         take = value > best
         best = jnp.where(take, value, best)
         arg = jnp.where(take, where, arg)
-    return arg
+    return extend(arg, spec, -1.0)
 
 
 def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
@@ -203,8 +238,14 @@ def stochastic_pool(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> 
     TRAIN: threshold ``u·Σx`` with ``u ~ U[0, 1)`` per window; the output is the first element
     (row-major) whose running sum reaches it. Its gradient reaches only that element, which is
     what autodiff of the gather gives (the choice itself is integer-valued). TEST:
-    ``Σx² / (FLT_MIN + Σx)``; its gradient is the true derivative of that forward.
+    ``Σx² / (FLT_MIN + Σx)``; its gradient is the true derivative of that forward. A window that
+    reads no input gives 0 in both.
     """
+    live = live_spec(spec, x.shape[2:])
+    return extend(_stochastic(x, live, train, ctx), spec, 0.0)
+
+
+def _stochastic(x: jax.Array, spec: PoolSpec, train: bool, ctx: Context) -> jax.Array:
     if not train:
         squares = _window(x * x, spec, 0.0, lax.add)
         return squares / (_window(x, spec, 0.0, lax.add) + jnp.asarray(_FLT_MIN, x.dtype))
@@ -245,6 +286,7 @@ def pool_layer(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> list[
     top, or for MAX a second top with the argmax mask."""
     (x,) = bottoms
     spec = spec_of(layer, tuple(x.shape))
+    warn_empty_windows(layer, spec, x.shape[2:])
     if len(layer.tops) == 2 and spec.method != MAX:
         raise fail(layer, f"{_NAMES[spec.method]} pooling has 1 top, got 2")
     y = pool(x, spec, ctx.train, ctx, ctx.engine)
@@ -255,8 +297,23 @@ def pool_layer_nhwc(layer: ir.Layer, bottoms, ctx: Context, spec_of: SpecFn) -> 
     """MAX or AVE pooling of a channels-last (N, H, W, C) bottom (lowering/layout.py)."""
     (x,) = bottoms
     spec = spec_of(layer, nchw(x.shape))
+    warn_empty_windows(layer, spec, spatial(x, True))
     form = max_pool if spec.method == MAX else ave_pool
     return [form(x, spec, nhwc=True, form=ctx.engine or "xla")]
+
+
+def warn_empty_windows(layer: ir.Layer, spec: PoolSpec, hw) -> None:
+    """AVE with a window past the input (CEIL rounding, kernel < stride, no pad): Caffe divides
+    its zero sum by the window's size, 0 / 0 = NaN when the window starts at ``H``. Reproduced,
+    and said once per layer."""
+    if spec.method == AVE and reads_nothing(spec, tuple(hw)):
+        warnings.warn(
+            f"layer '{layer.name}' ({layer.type}): AVE windows past the {list(hw)} input "
+            f"(kernel {list(spec.kernel)} < stride {list(spec.stride)}) give Caffe's "
+            "0 / pool_size, NaN where that size is 0",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def max_or_ave(layer: ir.Layer, shapes) -> bool:

@@ -55,6 +55,8 @@ def _alive(pid: int) -> bool:
 
 
 def _check(path: Path, overwrite: bool) -> None:
+    if path.is_dir():
+        raise CaffeError(f"{path}: is a directory; give a file name to write")
     if not overwrite and path.exists():
         raise CaffeError(f"{path} already exists; not overwriting it")
     if not path.parent.is_dir():
@@ -72,16 +74,19 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[
     """``with atomic_path(p) as tmp``: write the file at ``tmp`` (any library, e.g. h5py); on
     success it is fsynced and renamed to ``p``, on any error removed."""
     path = Path(path)
-    _check(path, overwrite)
     tmp = temp_beside(path)
+    _check(path, overwrite)
     try:
         yield tmp
         if tmp.exists():
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # name the user's path, not the hidden temp file (/proc/…, a full disk)
+        raise CaffeError(f"{path}: cannot write it ({err.strerror or err})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

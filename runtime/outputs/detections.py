@@ -127,6 +127,28 @@ def prepare(image: np.ndarray, height: int, width: int, mean, scale, swap_rb) ->
     return np.ascontiguousarray(pixels.transpose(2, 0, 1)[None])
 
 
+def checked_image(image) -> np.ndarray:
+    """``image`` as an H×W×3 array with H, W ≥ 1 (a DataError saying what it is otherwise)."""
+    if image is None or not hasattr(image, "shape"):
+        raise DataError(f"expected an H×W×3 BGR image array, got {type(image).__name__}")
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3 or min(image.shape[:2]) < 1:
+        raise DataError(f"expected an H×W×3 BGR image with H, W >= 1, got shape "
+                        f"{list(image.shape)}")  # fmt: skip
+    return image
+
+
+def checked_mean(mean) -> tuple[float, float, float]:
+    """A per-channel mean: one value or three (B, G, R), finite."""
+    try:
+        values = [float(v) for v in np.ravel(np.asarray(mean, np.float64))]
+    except (TypeError, ValueError):
+        raise DataError(f"mean takes one number or three (B, G, R), got {mean!r}") from None
+    if len(values) not in (1, 3) or not all(np.isfinite(values)):
+        raise DataError(f"mean takes one finite value or three (B, G, R), got {values}")
+    return tuple(values * 3 if len(values) == 1 else values)  # type: ignore[return-value]
+
+
 def _rcnn_size(h: int, w: int, target: int = 600, max_size: int = 1000) -> tuple[float, int, int]:
     """py-faster-rcnn's _get_image_blob scale: shorter side ``target``, longer ≤ ``max_size``."""
     scale = target / min(h, w)
@@ -140,6 +162,7 @@ def detect(
     scale: float = 1.0, swap_rb: bool = False, threshold: float = 0.0, names=None,
 ) -> list[Detection]:  # fmt: skip
     """Run a detector net on one BGR image and decode its detections (module docstring)."""
+    image, mean = checked_image(image), checked_mean(mean)
     h, w = image.shape[:2]
     key = _image_input(model)
     if "im_info" in model.inputs:

@@ -227,6 +227,7 @@ def check(config: RLConfig) -> None:
         raise RLError("rl_param num_envs applies to the Atari (ALE/<Game>-v5) environments")
     if config.batch_size < 1:
         raise RLError(f"rl_param batch_size must be >= 1, got {config.batch_size}")
+    _check_sizes(config)
     if not 0 <= config.gamma <= 1:
         raise RLError(f"rl_param gamma must lie in [0, 1], got {config.gamma}")
     if config.horizon is not None and config.horizon < 1:
@@ -248,6 +249,31 @@ def check(config: RLConfig) -> None:
         raise RLError(
             f"pole_angle_limit_deg must lie in (0, 90), got {config.pole_angle_limit_deg}"
         )
+
+
+# What one episode of a batch holds at least, whatever the env: its state, key, return and
+# step count (the 2^31 − 1 batch asked XLA for 16 bytes an episode, then more).
+EPISODE_BYTES = 64
+INT_MAX = 2**31 - 1
+
+
+def _check_sizes(config: RLConfig) -> None:
+    """Counts the jitted rollout holds as int32, and a batch whose episodes' state alone would
+    not fit in memory: refused before anything is allocated."""
+    from caffe2jax.runtime.host.memory import gib, memory_budget
+
+    if not 0 <= config.eps_steps <= INT_MAX:
+        raise RLError(f"rl_param eps_steps must lie in [0, {INT_MAX}], got {config.eps_steps}")
+    if not -(2**63) <= config.seed < 2**63:
+        raise RLError(f"the seed must fit in 64 bits (int64), got {config.seed}")
+    need = config.batch_size * EPISODE_BYTES
+    if need > 1 << 30:  # below a GiB a batch is never the problem; the budget costs file reads
+        budget = memory_budget()
+        if need > budget.bytes:
+            raise RLError(
+                f"rl_param batch_size {config.batch_size} needs at least {gib(need)} for its "
+                f"episodes, more than {budget.describe()}; lower batch_size"
+            )
 
 
 def _check_ale(config: RLConfig) -> None:

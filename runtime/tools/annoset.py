@@ -40,6 +40,7 @@ from caffe2jax.runtime.data.records.annotated_datum import (
 )
 from caffe2jax.runtime.data.records.datum import array_to_datum, encoded_datum
 from caffe2jax.runtime.data.records.db import Writer
+from caffe2jax.runtime.data.transform.guards import MAX_PIXELS, MAX_SIDE, check_image_size
 from caffe2jax.runtime.data.transform.image import encode_image, read_image, resize
 from caffe2jax.runtime.tools.imageset import extension, matches_encoding
 
@@ -58,6 +59,8 @@ def read_list(path: Path) -> list[tuple[str, str, int]]:
         words = line.split()
         if not words:
             continue
+        if "\x00" in line:  # no file name holds one (open() would raise ValueError)
+            raise DataError(f"{path}:{number}: a NUL byte in the line")
         if len(words) != 2:
             raise DataError(f"{path}:{number}: expected 'image_path annotation_path', got "
                             f"{line.strip()!r}")  # fmt: skip
@@ -151,6 +154,8 @@ def read_txt_boxes(path: Path, height: int, width: int) -> Boxes:
             break
         if not all(math.isfinite(v) for v in box):
             raise DataError(f"{path}: box {box} is not finite")
+        if not -(2**31) <= label < 2**31:  # the fork reads it into an int
+            raise DataError(f"{path}: label {label} does not fit in an int")
         _warn_outside(str(path), box, width, height)
         coords.append((box[0] / width, box[1] / height, box[2] / width, box[3] / height))
         labels.append(label)
@@ -175,7 +180,24 @@ def read_scaled_image(path: str, *, height: int, width: int, min_dim: int, max_d
         return image
     new_h = int(round(float(image.shape[1]) * float(scale)))  # cv::resize's Size from fx/fy
     new_w = int(round(float(image.shape[2]) * float(scale)))
+    if min(new_h, new_w) < 1:  # cv::resize asserts on an empty size
+        raise DataError(f"{path}: scaling {image.shape[1]}×{image.shape[2]} by "
+                        f"{float(scale):g} (min_dim {min_dim}, max_dim {max_dim}) leaves "
+                        f"{new_h}×{new_w}")  # fmt: skip
+    check_image_size((new_w, new_h), image.shape[0], f"{path} scaled to {new_h}×{new_w}")
     return resize(image, new_h, new_w)
+
+
+def check_sizes(resize_height: int, resize_width: int, min_dim: int, max_dim: int) -> None:
+    """Sizes no image can be resized to (OpenCV's limits: sides <= 2^20, <= 2^30 pixels),
+    refused before any image is read: ``--min_dim`` lifts the short side, so the image has at
+    least ``min_dim²`` pixels."""
+    if max(resize_height, resize_width, min_dim, max_dim) > MAX_SIDE:
+        raise DataError(f"--resize_height/--resize_width/--min_dim/--max_dim must be at most "
+                        f"{MAX_SIDE} (OpenCV's largest side)")  # fmt: skip
+    if resize_height * resize_width > MAX_PIXELS or min_dim * min_dim > MAX_PIXELS:
+        raise DataError(f"--resize_height × --resize_width (or --min_dim²) is more than the "
+                        f"{MAX_PIXELS} pixels OpenCV makes an image of; lower them")  # fmt: skip
 
 
 def _datum(image: np.ndarray, path: str, encoding: str, resized: bool) -> caffe_pb2.Datum:
@@ -229,6 +251,7 @@ def convert_annoset(
             raise DataError("label_type xml needs a label map file (--label_map_file)")
         names = name_to_label(read_label_map(label_map_file), strict=check_label,
                               where=str(label_map_file))  # fmt: skip
+    check_sizes(resize_height, resize_width, min_dim, max_dim)
     pairs = read_list(Path(listfile))
     if shuffle:
         pairs = [pairs[i] for i in np.random.default_rng(seed).permutation(len(pairs))]

@@ -126,3 +126,32 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize(
+    "flags, list_text, label_text, code, message",
+    [
+        (["--min_dim=100000"], "a.png a.txt\n", "", 1, "(or --min_dim²) is more than"),
+        (["--resize_height=100000", "--resize_width=100000"], "a.png a.txt\n", "", 1,
+         "is more than the 1073741824 pixels"),
+        (["--resize_height=2000000", "--resize_width=2"], "a.png a.txt\n", "", 1,
+         "must be at most 1048576"),
+        (["--max_dim=1"], "a.png a.txt\n", "", 0, "leaves 1×0"),
+        ([], "a.png\x00 a.txt\n", "", 1, "list.txt:1: a NUL byte in the line"),
+        ([], "a.png a.txt\n", "2147483648 0 0 1 1", 1, "label 2147483648 does not fit in an int"),
+    ],
+)  # fmt: skip
+def test_sizes_nul_bytes_and_big_labels_are_one_line(
+    tmp_path, run_cli, capsys, caplog, flags, list_text, label_text, code, message
+):
+    """Round 4 of the hardening (issue 37): no OpenCV allocation of 30 GB, no cv2.error on a
+    3000×2 image scaled to max_dim 1, no ValueError on a NUL byte, no overflow on a label."""
+    cv2.imwrite(str(tmp_path / "a.png"), np.zeros((3000, 2, 3), np.uint8))
+    (tmp_path / "a.txt").write_text(label_text)
+    (tmp_path / "list.txt").write_text(list_text)
+    args = ["convert_annoset", f"{tmp_path}/", str(tmp_path / "list.txt"), str(tmp_path / "db"),
+            "--label_type=txt", *flags]  # fmt: skip
+    assert run_cli(args) == code
+    err = capsys.readouterr().err + caplog.text  # the skipped image is a logged warning
+    assert message in err and "Traceback" not in err, err
+    assert len([line for line in err.splitlines() if message in line]) == 1

@@ -82,3 +82,38 @@ def test_draw_detections_example_writes_the_boxes(files):
     drawn = cv2.imread(str(out))
     assert drawn.shape == image.shape
     assert (drawn != image).any(axis=2).sum() > 50  # the boxes' pixels
+
+
+def test_detect_refuses_unreadable_labels_and_huge_headers_in_one_line(files, tmp_path):
+    """Non-UTF-8 --labels; a PNG whose header claims 60000 × 60000 (refused from its header,
+    before OpenCV tries to decode it)."""
+    tmp, *_, weights, _ = files
+    (tmp_path / "latin1.txt").write_bytes(b"background\ncaf\xe9\n")
+    png = cv2.imencode(".png", np.zeros((2, 2, 3), np.uint8))[1].tobytes()
+    huge = png[:16] + (60000).to_bytes(4, "big") * 2 + png[24:]  # IHDR width, height
+    (tmp_path / "huge.png").write_bytes(huge)
+    for args, message in (
+        ([tmp / "noise.png", "--labels", tmp_path / "latin1.txt"], "--labels must be UTF-8"),
+        ([tmp_path / "huge.png"], "declares 60000 x 60000 pixels"),
+    ):
+        proc = run_cli("detect", TINY_SSD, weights, *args)
+        assert proc.returncode == 1
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("caffe2jax detect: error: ") and message in line, line
+
+
+@pytest.mark.parametrize(
+    ("image", "mean", "message"),
+    [
+        (None, (0, 0, 0), "got NoneType"),
+        (np.zeros((0, 0, 3), np.uint8), (0, 0, 0), "H, W >= 1"),
+        (np.zeros((8, 8, 3), np.uint8), (1, 2), "one finite value or three"),
+        (np.zeros((8, 8, 3), np.uint8), ("a", "b", "c"), "one number or three"),
+    ],
+)
+def test_detect_api_refuses_bad_images_and_means(files, image, mean, message):
+    from caffe2jax.frontend.errors import DataError
+
+    _, model, params, state, *_ = files
+    with pytest.raises(DataError, match=message):
+        caffe2jax.detect(model, params, state, image, mean=mean)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
@@ -55,3 +56,42 @@ def test_an_atari_policy_is_tested_and_drawn(tmp_path):
             image.seek(i)
             durations.append(image.info["duration"])
     assert 1 < len(durations) <= 25 and 0 <= 25 * 67 - sum(durations) < 10 * len(durations)
+
+
+def _solver(tmp_path, rl_extra: str) -> Path:
+    """The Cart-Pole example solver with ``rl_extra`` added to its rl_param."""
+    for name in ("cartpole_softmax_solver.prototxt", "cartpole_softmax.prototxt"):
+        (tmp_path / name).write_text((EXAMPLES / name).read_text())
+    solver = tmp_path / "cartpole_softmax_solver.prototxt"
+    solver.write_text(solver.read_text().replace("batch_size: 10", f"batch_size: 10 {rl_extra}"))
+    return solver
+
+
+@pytest.mark.parametrize(
+    ("extra", "args", "message"),
+    [
+        ("eps_steps: 4294967295", [], "eps_steps must lie in [0, 2147483647]"),
+        ("", ["--seed", str(2**64)], "--seed must fit in 64 bits"),
+        ("", ["--test", "--weights", "w.caffemodel", "--episodes", "-1"], "--episodes must be"),
+        ("", ["--plot", "p.xyz"], "--plot p.xyz: matplotlib writes"),
+        ("", ["--plot", "missing/p.png"], "no such directory"),
+    ],
+)
+def test_bad_settings_are_one_line_before_training(tmp_path, extra, args, message):
+    solver = _solver(tmp_path, extra)
+    proc = run_cli("rl", "--solver", solver, "--episodes", "10", *args, cwd=tmp_path)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("caffe2jax rl: error: ") and message in line, line
+    assert "Environment" not in proc.stdout  # refused before the trainer was built
+
+
+def test_a_batch_past_memory_is_refused_before_allocating(tmp_path):
+    """batch_size 2^31 − 1 reached XLA's 34 GB request; now the episodes' state is weighed
+    against the memory budget first."""
+    solver = _solver(tmp_path, "").read_text().replace("batch_size: 10", "batch_size: 2147483647")
+    (tmp_path / "big.prototxt").write_text(solver)
+    proc = run_cli("rl", "--solver", tmp_path / "big.prototxt", "--episodes", "10", cwd=tmp_path)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "batch_size 2147483647 needs at least 128 GiB" in line, line

@@ -34,7 +34,8 @@ MEMORY_LIMIT = 4 << 30  # bytes of address space for the worker (JAX itself need
 CASE_SECONDS = 60.0  # per case, SIGALRM in the worker
 HANG_SECONDS = 90.0  # the parent's watchdog: no answer at all for this long
 MAX_MESSAGE = 320  # a refusal fits a terminal line or two (frontend/errors.py MAX_MESSAGE)
-CHUNK = {"net": 300, "cli": 60, "pycaffe": 80}  # cases per worker (others: CHUNK_DEFAULT)
+# cases per worker (others: CHUNK_DEFAULT)
+CHUNK = {"net": 300, "cli": 60, "pycaffe": 80, "fork_params": 120, "new_verbs": 50}
 CHUNK_DEFAULT = 250
 
 

@@ -175,10 +175,12 @@ def _edge_states(work: Path, digits: Path) -> list[Path]:
         out.append(path)
     for i, value in enumerate([2**62, -(2**40), 2**31]):
         path = work / f"edge_h5_{i}.solverstate.h5"
-        write_solverstate(path, base, hdf5=True)
-        with h5py.File(path, "r+") as f:
+        own = work / f"edge_h5_{i}.{os.getpid()}.h5"  # workers share the folder: each edits its
+        write_solverstate(own, base, hdf5=True)  # own file, renamed in place (HDF5's file lock
+        with h5py.File(own, "r+") as f:  # refused a second worker's r+ open of a shared one)
             del f["iter"]
             f["iter"] = np.array([value], np.int64)
+        os.replace(own, path)
         out.append(path)
     return out
 

@@ -19,6 +19,7 @@ from tests.fuzz import hdf5_cases
 from tests.fuzz.api_cases import api_case
 from tests.fuzz.cli_cases import cli_case
 from tests.fuzz.data_cases import hdf5data_case, imagedata_case, leveldb_case, lmdb_images_case
+from tests.fuzz.fork_cases import fork_param_case, new_verb_case
 from tests.fuzz.mutate import mutate_bytes, mutate_text
 from tests.fuzz.seeds import Seeds, make_seeds  # noqa: F401 - the worker's entry
 
@@ -228,6 +229,8 @@ KINDS = {
     "hdf5data": hdf5data_case,
     "cli": cli_case,
     "pycaffe": api_case,
+    "fork_params": fork_param_case,
+    "new_verbs": new_verb_case,
 }
 # kinds whose cases compile programs: the worker clears JAX's caches after each
-HEAVY = {"net", "cli", "pycaffe"}
+HEAVY = {"net", "cli", "pycaffe", "fork_params", "new_verbs"}

@@ -1,7 +1,8 @@
 """Seeded, bounded fuzzing of every Caffe file caffe2jax reads and of its entry points:
 mutated nets, solvers, binary and HDF5 weights, solverstates (binary and HDF5), binaryprotos,
 LMDB and LevelDB databases (raw and encoded-image Datums), ImageData and HDF5Data lists, the
-CLI verbs and the pycaffe entry points.
+CLI verbs, the pycaffe entry points, the fork layers' parameters and the newer verbs (detect,
+convert_annoset, rl fields; tests/fuzz/fork_cases.py).
 
 Every case must end in a result or a one-line CaffeError (at most 240 characters): no other
 exception, none over its time limit (60 s), none past the worker's 4 GiB address-space limit
@@ -34,9 +35,11 @@ COUNTS = {
     "hdf5data": 100,
     "cli": 4,
     "pycaffe": 4,
+    "fork_params": 12,
+    "new_verbs": 3,
 }
 # kinds whose few CI cases may all be refusals (the long run reaches both outcomes)
-REFUSALS_ONLY = {"binaryproto", "cli", "pycaffe", "hdf5data", "leveldb", "lmdb_images"}
+REFUSALS_ONLY = {"binaryproto", "cli", "pycaffe", "hdf5data", "leveldb", "lmdb_images", "new_verbs"}
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,11 @@ def max_rows(counts: list[int], batch_size: int) -> int:
     if not counts:
         return 1
     repeats = -(-batch_size // len(counts))
-    ordered = sorted(counts, reverse=True)
-    return max(1, sum(sorted(ordered * repeats, reverse=True)[:batch_size]))
+    total, left = 0, batch_size
+    for count in sorted(counts, reverse=True):  # never the repeated list (batch_size 2^31 − 1)
+        take = min(repeats, left)
+        total, left = total + take * count, left - take
+    return max(1, total)
 
 
 @reader("AnnotatedData")

@@ -64,7 +64,15 @@ def _options(layer: caffe_pb2.LayerParameter) -> dict:
             f"'source' (the AnnotatedDatum LMDB), got {layer.python_param.param_str!r}"
         )
     defaults = {"scale": 600, "max_size": 1000, "flip": 1, "max_boxes": 32, "pad": 0}
-    return {**defaults, **got}
+    options = {**defaults, **got}
+    for key in ("scale", "max_size"):  # a NaN, 0 or infinite scale sizes no image
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+            raise DataError(
+                f"layer {layer.name!r} (built-in RoIDataLayer): param_str "
+                f"'{key}' must be a number in (0, 10^6) pixels, got {value!r}"
+            )
+    return options
 
 
 def im_scale(height: int, width: int, scale: float, max_size: float) -> float:

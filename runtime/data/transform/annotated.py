@@ -33,6 +33,7 @@ as they are. ``noise_param``, FIT_SMALL_SIZE's ``height_scale``/``width_scale`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cv2
@@ -50,6 +51,8 @@ from caffe2jax.runtime.data.transform.bbox_geometry import (
 )
 
 _F = np.float32
+# the largest expanded canvas: 2^31 bytes of float32 per channel (the fork counts in int)
+_CANVAS_BYTES = 2**31
 RP = caffe_pb2.ResizeParameter
 INTERP = {RP.LINEAR: cv2.INTER_LINEAR, RP.AREA: cv2.INTER_AREA, RP.NEAREST: cv2.INTER_NEAREST,
           RP.CUBIC: cv2.INTER_CUBIC, RP.LANCZOS4: cv2.INTER_LANCZOS4}  # fmt: skip
@@ -127,8 +130,9 @@ class AnnotatedTransformer:
                 raise DataError(f"{where}: resize_param height_scale/width_scale (FIT_SMALL_SIZE"
                                 " extrapolation) is not supported")  # fmt: skip
         if self.expand is not None:
-            if self.expand.max_expand_ratio <= 1:
-                raise DataError(f"{where}: expand_param.max_expand_ratio must be > 1")
+            if not 1 < self.expand.max_expand_ratio < math.inf:  # NaN fails too
+                raise DataError(f"{where}: expand_param.max_expand_ratio must be > 1 and "
+                                f"finite, got {self.expand.max_expand_ratio}")  # fmt: skip
             if param.HasField("mean_file"):
                 raise DataError(f"{where}: expand_param with a mean_file is not supported "
                                 "(the fork needs a mean of every expanded size)")  # fmt: skip
@@ -200,6 +204,10 @@ class AnnotatedTransformer:
             return None, height, width, boxes
         ratio = _F(rng.uniform(1, self.expand.max_expand_ratio))
         big_h, big_w = int(_F(height) * ratio), int(_F(width) * ratio)
+        if big_h * big_w * 4 > _CANVAS_BYTES:  # the fork's int count overflows at 2^31
+            raise DataError(f"{self.where}: expand_param.max_expand_ratio "
+                            f"{self.expand.max_expand_ratio} expands a {height}×{width} image to "
+                            f"{big_h}×{big_w}, more than an image can hold; lower it")  # fmt: skip
         h_off = int(np.floor(_F(rng.uniform(0, big_h - height))))
         w_off = int(np.floor(_F(rng.uniform(0, big_w - width))))
         box = np.array([-w_off / width, -h_off / height, (big_w - w_off) / width,

@@ -144,3 +144,17 @@ def test_one_line_errors(tmp_path, boxes_set):
         make_source(anno_layer(tmp_path / "db", 1, "", ""), "TRAIN")
     with pytest.raises(DataError, match="crop 8×8 is larger than the image 4×4"):
         make_source(anno_layer(tmp_path / "db", 1, "crop_size: 8", "anno_type: BBOX"), "TRAIN")
+
+
+def test_max_rows_of_a_huge_batch_is_counted_not_listed():
+    """batch_size 2^31 − 1: the rows are counted without building the repeated list (it was a
+    bare MemoryError); the layer then refuses the batch in one line before allocating."""
+    assert max_rows([5, 2], 2**31 - 1) == 5 * 2**30 + 2 * (2**30 - 1)
+
+
+def test_a_huge_batch_size_is_refused_in_one_line(boxes_set):
+    source = make_source(anno_layer(boxes_set["train_lmdb"], batch=2**31 - 1), "TRAIN", seed=0)
+    with pytest.raises(DataError, match="'a'|\\ba\\b") as error:
+        source.next_batch()
+    assert len(str(error.value).splitlines()) == 1, str(error.value)
+    source.close()

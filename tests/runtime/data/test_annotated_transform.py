@@ -173,6 +173,8 @@ def test_apply_with_a_plain_recipe_is_mean_and_scale():
     ("noise_param { prob: 0.5 }", "noise_param is not supported"),
     ("resize_param { height: 0 width: 3 }", "needs height and width > 0"),
     ("expand_param { max_expand_ratio: 1 }", "max_expand_ratio must be > 1"),
+    ("expand_param { max_expand_ratio: nan }", "max_expand_ratio must be > 1 and finite, got nan"),
+    ("expand_param { max_expand_ratio: inf }", "max_expand_ratio must be > 1 and finite"),
     ("expand_param { max_expand_ratio: 2 } mean_file: 'm'", "with a mean_file is not supported"),
     ("distort_param { brightness_delta: -1 }", "deltas >= 0"),
 ])  # fmt: skip
@@ -181,3 +183,14 @@ def test_refused_settings(text, message):
         transformer(text)
     with pytest.raises(DataError, match="min_scale <= max_scale"):
         transformer("", "batch_sampler { sampler { min_scale: 0 } }")
+
+
+def test_an_expansion_past_what_an_image_holds_is_refused_in_one_line():
+    """max_expand_ratio 1e9 on a small image: a canvas of ~10^19 cells is refused before it is
+    allocated, naming the layer's transform and the sizes."""
+    t = transformer("expand_param { prob: 1 max_expand_ratio: 1e9 }")
+    image, boxes = scene()
+    with pytest.raises(DataError, match=r"max_expand_ratio 1000000000.0 expands a") as error:
+        for seed in range(5):
+            run(t, image, boxes, seed)
+    assert len(str(error.value).splitlines()) == 1

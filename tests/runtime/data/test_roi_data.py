@@ -154,3 +154,12 @@ def test_mixed_sizes_without_pad_name_the_key(tmp_path):
     with pytest.raises(DataError, match=r"record '0000000\d'.*'pad': 1 in param_str"):
         for _ in range(4):
             src.next_batch()
+
+
+@pytest.mark.parametrize("key,value", [("scale", "nan"), ("scale", "0"), ("scale", "inf"),
+                                       ("max_size", "-5"), ("scale", "'big'")])  # fmt: skip
+def test_a_scale_that_sizes_no_image_is_refused_in_one_line(boxes_db, key, value):
+    path, _ = boxes_db
+    with pytest.raises(DataError, match=rf"'input-data'.*'{key}' must be a number") as error:
+        RoIDataSource(_layer(path, **{key: value}), "TRAIN", seed=0)
+    assert len(str(error.value).splitlines()) == 1
