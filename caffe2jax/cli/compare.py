@@ -5,16 +5,19 @@ first blob that diverges. Exit status 0 when every blob agrees, 2 when one diver
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
-from caffe2jax.cli.summary import add_dialect, parse_shapes
+from caffe2jax.cli.args import Subparsers, add_dialect, parse_shapes
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.lowering.model import compile as compile_net
+from caffe2jax.frontend.pipeline import load_net
+from caffe2jax.lowering.model import Model
+from caffe2jax.runtime.data.feeding import source_shapes
 from caffe2jax.runtime.formats.weights import load_weights
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: Subparsers) -> None:
     p = sub.add_parser(
         "compare",
         help="run one input through caffe2jax and the ONNX export, blob by blob",
@@ -87,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     from caffe2jax.runtime.onnx.compare import compare_onnx, compare_opencv
 
     shapes = parse_shapes(args.input_shape)
-    model = compile_net(args.model, input_shapes=shapes or None)
+    net = load_net(args.model, "TEST")  # the net `export` writes: its TEST phase
+    given, _ = source_shapes(net, Path(args.model).parent)  # data layers: from their sources
+    model = Model(net, {**given, **shapes} or None)
     params, state = load_weights(args.weights, model, dialect=args.dialect)
     inputs = _inputs(args.input, model, args.seed)
     proto = None

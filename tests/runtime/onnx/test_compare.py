@@ -4,6 +4,8 @@ first blob that diverges, and reports agreement on a faithful export (and with O
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -121,3 +123,23 @@ def test_cli_compare_exits_2_naming_the_blob(small, tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     assert "onnxruntime: all 8 blobs agree" in good.stdout
     assert "OpenCV 4" in good.stdout
+
+
+def test_cli_compare_reads_a_data_layers_shapes_from_its_source_as_export_does(tmp_path):
+    """A train_val prototxt whose input is a Data layer (the digits example's LMDB): `compare`
+    takes the TEST net's shapes from the source, as `export` does (it used to ask for
+    input_shapes), and the export of that net agrees blob by blob."""
+    import caffe2jax
+
+    root = Path(__file__).resolve().parents[3]
+    prototxt = root / "examples/digits/lenet_train_test.prototxt"
+    model = caffe2jax.compile(str(prototxt), input_shapes={"data": (120, 1, 8, 8), "label": (120,)})
+    params, state = model.init(0)
+    weights = save_weights(tmp_path / "w.caffemodel", model, params, state)
+    exported = cli_runner.run_cli("export", "--model", prototxt, "--weights", weights,
+                                  "--out", tmp_path / "lenet.onnx")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    proc = cli_runner.run_cli("compare", "--model", prototxt, "--weights", weights,
+                              "--onnx", tmp_path / "lenet.onnx")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "onnxruntime: all 9 blobs agree" in proc.stdout
