@@ -16,46 +16,10 @@ evidence). Entries are ``"Message": {"field": number}`` with nested messages wri
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
-Numbers = Mapping[str, Mapping[str, int]]
-
-
-@dataclass(frozen=True, eq=False)
-class Fork:
-    """One fork of Caffe: where it comes from and how it numbers its schema."""
-
-    key: str
-    name: str
-    source: str
-    adds: Numbers = field(default_factory=dict)
-    renumbers: Numbers = field(default_factory=dict)
-    enums: Numbers = field(default_factory=dict)
-    enum_renumbers: Numbers = field(default_factory=dict)
-    #: V2 layer type strings the fork registers beyond BVLC's
-    types: tuple[str, ...] = ()
-    #: V1 LayerType enum names the fork adds -> the V2 type string they upgrade to
-    v1_types: Mapping[str, str] = field(default_factory=dict)
-    #: how its BlobProto is laid out: "bvlc" or "c3d-v1.0" (5-D, renumbered)
-    blob_layout: str = "bvlc"
-
-    def numbers(self) -> dict[str, dict[str, int]]:
-        """``adds`` and ``renumbers`` together: every field whose number this fork sets."""
-        out: dict[str, dict[str, int]] = {}
-        for table in (self.adds, self.renumbers):
-            for message, fields in table.items():
-                out.setdefault(message, {}).update(fields)
-        return out
-
-    def enum_numbers(self) -> dict[str, dict[str, int]]:
-        """``enums`` and ``enum_renumbers`` together."""
-        out: dict[str, dict[str, int]] = {}
-        for table in (self.enums, self.enum_renumbers):
-            for enum, values in table.items():
-                out.setdefault(enum, {}).update(values)
-        return out
-
+from caffe2jax.frontend.forks.catalog_face import FACE_FORKS
+from caffe2jax.frontend.forks.fork import Fork, Numbers
 
 _SSD_LAYER = {
     "annotated_data_param": 200, "multibox_loss_param": 201, "permute_param": 202,
@@ -135,28 +99,6 @@ _ERIC612_TRANSFORM = {
 _SSD_SOLVER = {"plateau_winsize": 43, "show_per_class_result": 44}
 _SSD_STATE = {"minimum_loss": 5, "iter_last_event": 6}
 _V1_TYPES = "V1LayerParameter.LayerType"
-
-# -- face recognition forks (issue 35): SphereFace, L-Softmax, center loss, happynear --------
-_HAPPYNEAR_TYPES = ("CenterLoss", "Flip", "Normalize", "LargeMarginInnerProduct",
-                    "MarginInnerProduct", "LabelSpecificAdd")  # fmt: skip
-_FACE_FORKS = (
-    Fork("sphereface", "SphereFace", "wy1iu/sphereface@f20b130 (tools/caffe-sphereface)",
-         adds={"LayerParameter": {"margin_inner_product_param": 147}},
-         types=("MarginInnerProduct",)),
-    Fork("lsoftmax", "L-Softmax", "wy1iu/LargeMargin_Softmax_Loss@c3e9f20",
-         adds={"LayerParameter": {"largemargin_inner_product_param": 202}},
-         types=("LargeMarginInnerProduct",)),
-    Fork("caffe-face", "center loss (caffe-face)", "ydwen/caffe-face@48ff38e",
-         adds={"LayerParameter": {"center_loss_param": 147}}, types=("CenterLoss",)),
-    Fork("happynear", "happynear's caffe-windows (AM-Softmax)", "happynear/caffe-windows@504d8a8",
-         adds={"LayerParameter": {"center_loss_param": 211, "flip_param": 212,
-                                  "normalize_param": 214, "largemargin_inner_product_param": 227,
-                                  "margin_inner_product_param": 232,
-                                  "label_specific_add_param": 241},
-               "InnerProductParameter": {"normalize": 7},
-               "CenterLossParameter": {"distance_type": 29}},
-         types=_HAPPYNEAR_TYPES),
-)  # fmt: skip
 
 
 def _v1(table: Mapping[str, tuple[str, int]]) -> tuple[dict[str, str], dict[str, int]]:
@@ -304,7 +246,7 @@ FORKS: tuple[Fork, ...] = (
          types=("ConvolutionDepthwise",)),
     Fork("depthwise", "DepthwiseConvolution", "yonghenglh6/DepthwiseConvolution",
          types=("DepthwiseConvolution",)),
-    *_FACE_FORKS,
+    *FACE_FORKS,
 )  # fmt: skip
 
 FORKS_BY_KEY: Mapping[str, Fork] = MappingProxyType({f.key: f for f in FORKS})

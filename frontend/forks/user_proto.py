@@ -35,7 +35,7 @@ from google.protobuf import unknown_fields as unknown
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError
-from caffe2jax.frontend.forks.catalog import Fork
+from caffe2jax.frontend.forks.fork import Fork
 from caffe2jax.frontend.forks.proto_merge import (
     bvlc_numbers,
     collisions,
