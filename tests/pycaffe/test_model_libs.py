@@ -239,3 +239,15 @@ def test_caffe_model_libs_through_the_alias():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0 and done.stdout.split() == ["36", "625"], done.stderr[-3000:]
+
+
+def test_vgg_nopool_takes_dilation_one_where_the_fork_fails():
+    """The fork's VGGNetBody(nopool=True) reads an unset dilation; caffe2jax's takes 1:
+    stride-2 convolutions conv1_3 … conv4_4 and conv5_4 replace the pools."""
+    net = ml.VGGNetBody(_input_net(224), "data", nopool=True, fully_conv=True, dilated=True)
+    out = {x.name: x for x in net.to_proto().layer}
+    assert all(f"conv{s}" in out and f"pool{s[0]}" not in out
+               for s in ("1_3", "2_3", "3_4", "4_4", "5_4"))  # fmt: skip
+    assert list(out["conv5_1"].convolution_param.dilation) == [1]
+    assert list(out["fc6"].convolution_param.dilation) == [2]
+    assert list(out["conv5_4"].convolution_param.stride) == [1]
