@@ -23,7 +23,7 @@ from caffe2jax.frontend.phase import TEST, TRAIN, Phase  # noqa: F401 - public n
 __version__ = "0.1.0"
 
 # pycaffe's own module names (caffe/classifier.py, coord_map.py, …), kept importable
-_PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "net_spec")
+_PYCAFFE_MODULES = ("classifier", "coord_map", "detector", "draw", "io", "model_libs", "net_spec")
 
 # public name -> (module, attribute); attribute None: the module itself
 _NAMES: dict[str, tuple[str, str | None]] = {
@@ -56,6 +56,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     },
     # pycaffe's other names: caffe.proto, net_spec, Layer, Classifier, Detector …
     **{m: (f"caffe2jax.pycaffe.{m}", None) for m in ("coord_map", "draw", "io", "net_spec")},
+    "model_libs": ("caffe2jax.pycaffe.model_libs", None),  # the SSD fork's net builders
     "proto": ("caffe2jax.proto", None),
     "Classifier": ("caffe2jax.pycaffe.classifier", "Classifier"),
     "Detector": ("caffe2jax.pycaffe.detector", "Detector"),
@@ -85,6 +86,8 @@ __all__ = sorted(["Phase", "TEST", "TRAIN", "__version__", "install_as_caffe", *
 _MODULES: dict[str, str] = {
     **{f"caffe2jax.{m}": f"caffe2jax.pycaffe.{m}" for m in _PYCAFFE_MODULES},
     "caffe2jax.api": "caffe2jax.lowering.model",
+    # the MobileNet-SSD generators' ``from caffe.mobilenet import MobileNetBody``
+    "caffe2jax.mobilenet": "caffe2jax.pycaffe.model_libs.mobilenet",
 }
 
 
