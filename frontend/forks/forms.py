@@ -48,6 +48,11 @@ Normalize          ``happynear``  happynear's (AM-Softmax): ``normalize_param``,
 InnerProduct       ``happynear``  ``normalize: true`` (unit weight rows)
 CenterLoss         ``happynear``  ``distance_type`` set, or the happynear dialect without
                                   caffe-face's; ``""``: ydwen/caffe-face's
+DetectionOutput    ``yolov2``     gklz1982/caffe-yolov2's: one bottom, or YOLO's fields
+                                  (side, num_box, coords, nms_threshold, biases,
+                                  label_map_file) in ``detection_output_param``; ``""``: SSD's
+RegionLoss         ``yolov2``     gklz1982's (the yolov2 dialect without eric612's);
+                                  ``eric612``: MobileNet-YOLO's, a different loss (no lowering)
 =================  =============  ============================================================
 
 Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
@@ -183,6 +188,26 @@ def _center_loss(param: Param, dialect: Dialect) -> str:
     return "happynear" if dialect.has("happynear") and not dialect.has("caffe-face") else ""
 
 
+YOLOV2_OUTPUT = ("side", "num_box", "coords", "nms_threshold", "label_map_file")
+SSD_OUTPUT = ("share_location", "background_label_id", "nms_param", "save_output_param",
+              "code_type", "variance_encoded_in_target", "keep_top_k")  # fmt: skip
+
+
+def _detection_output(param: Param, dialect: Dialect) -> str:
+    p = param.detection_output_param
+    yolo, ssd = _set(p, YOLOV2_OUTPUT) + (["biases"] if len(p.biases) else []), _set(p, SSD_OUTPUT)
+    if yolo and ssd:
+        raise ValueError(
+            f"detection_output_param mixes caffe-yolov2's fields ({', '.join(yolo)}) with "
+            f"SSD's ({', '.join(ssd)}); a DetectionOutput layer is one or the other"
+        )
+    return "yolov2" if yolo or len(param.bottom) == 1 else ""
+
+
+def _region_loss(param: Param, dialect: Dialect) -> str:
+    return "yolov2" if dialect.has("yolov2") and not dialect.has("eric612") else "eric612"
+
+
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "BN": _bn,
     "Upsample": _upsample,
@@ -199,6 +224,8 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "Normalize": _normalize,
     "InnerProduct": _inner_product,
     "CenterLoss": _center_loss,
+    "DetectionOutput": _detection_output,
+    "RegionLoss": _region_loss,
 }
 
 #: The forms each type can take (documentation for the lowering; see the table above).
@@ -218,6 +245,8 @@ FORMS: dict[str, tuple[str, ...]] = {
     "Normalize": ("", "happynear"),
     "InnerProduct": ("", "happynear"),
     "CenterLoss": ("", "happynear"),
+    "DetectionOutput": ("", "yolov2"),
+    "RegionLoss": ("yolov2", "eric612"),
 }
 assert set(FORMS) == set(_RULES)
 

@@ -25,7 +25,7 @@ PYTHON_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #: Fork layer types that only training or evaluation uses (issue 26's layers).
 TRAINING_TYPES: frozenset[str] = frozenset(
     {
-        "RegionLoss", "Yolov3", "GaussianYolov3", "YoloSeg", "SegmentationEvaluate", "LaneData",
+        "Yolov3", "GaussianYolov3", "YoloSeg", "SegmentationEvaluate", "LaneData",
         "SegAccuracy", "VoxelSoftmaxWithLoss", "VoxelCustomLoss",
     }
 )  # fmt: skip

@@ -5,6 +5,7 @@ form="scale_train")``); the BVLC body in :mod:`caffe2jax.lowering.layers` never 
 from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its types
     c3d,
     crnn,
+    ctpn,
     deeplab,
     enet,
     face,
@@ -23,4 +24,5 @@ from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its
     ssd_detection_output,
     ssd_multibox_loss,
     yolo,
+    yolov2,
 )

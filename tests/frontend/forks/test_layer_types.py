@@ -44,7 +44,7 @@ def test_unknown_v1_type_names_the_forks_read():
         ('type: "VoxelCustomLoss"', "a training layer of C3D v1.0 (facebook/C3D@71336a2"),
         ('type: "MatRead"',
          "a reader of input blobs from MATLAB .mat files of DeepLab v2 (DrSleep/deeplab-public"),
-        ('type: "RegionLoss"', "a training layer of MobileNet-YOLO"),
+        ('type: "Yolov3"', "a training layer of MobileNet-YOLO"),
         ('type: "DomainTransform"', "the DomainTransform layer of DeepLab v2"),
         ('type: "UniqueLabel"', "the UniqueLabel layer of DeepLab v2"),
     ],
@@ -75,7 +75,7 @@ def test_forms_narrow_the_fork_named():
 @pytest.mark.parametrize(
     ("layer", "field"),
     [
-        ('type: "Transpose" transpose_param { dim: 0 }', "transpose_param"),
+        ('type: "DataAugmentation" augmentation_param { max_multiplier: 1 }', "augmentation_param"),
         ('type: "Correlation" correlation_param { pad: 2 }', "correlation_param"),
         ('type: "DenseCRF" dense_crf_param { max_iterr: 5 }', "max_iterr"),
     ],
@@ -117,7 +117,7 @@ def test_every_field_error_names_its_layer(text, expected):
 @pytest.mark.parametrize(
     ("field", "suggestion"),
     [
-        ("transpose_param", None),  # Transpose's own parameter, not a misspelt transform_param
+        ("augmentation_param", None),  # FlowNet's DataAugmentation's, not a misspelt field
         ("correlation_param", None),  # FlowNet's Correlation, not a misspelt field
         ("convolution_parm", "convolution_param"),
         ("convolutoin_param", "convolution_param"),

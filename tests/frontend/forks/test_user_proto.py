@@ -86,7 +86,8 @@ def test_collision_with_built_in_dialects_is_one_line(caplog):
         f"{RCF.resolve()}:19: LayerParameter field 147 (auto_crop_param here) is swish_param "
         "in BVLC Caffe, upsample_param in ENet, domain_transform_param in DeepLab v2, "
         "domain_transform_param in PSPNet, roi_pooling_param in R-FCN, "
-        "margin_inner_product_param in SphereFace, center_loss_param in center loss (caffe-face)"
+        "margin_inner_product_param in SphereFace, center_loss_param in center loss (caffe-face), "
+        "reorg_param in caffe-yolov2 (gklz1982)"
     )
 
 
