@@ -48,6 +48,18 @@ Normalize          ``happynear``  happynear's (AM-Softmax): ``normalize_param``,
 InnerProduct       ``happynear``  ``normalize: true`` (unit weight rows)
 CenterLoss         ``happynear``  ``distance_type`` set, or the happynear dialect without
                                   caffe-face's; ``""``: ydwen/caffe-face's
+PriorBox           ``faceboxes``  FaceBoxes: the net's dialect has FaceBoxes (its PriorBox takes
+                                  SSD's fields: min sizes 32 / 64 densified to 4x4 / 2x2
+                                  priors, side - 1 for the min-size boxes)
+PriorBox           ``textboxes``  TextBoxes++: ``denser_prior_boxes: true`` (each prior and a
+                                  copy centred one step lower)
+DetectionOutput    ``refinedet``  RefineDet: 4 bottoms (+ arm_conf: ``objectness_score``) or
+                                  5 (+ arm_loc: the priors refined first)
+DetectionOutput    ``textboxes``  TextBoxes++: ``use_polygon`` set, or unset in a net of the
+                                  TextBoxes++ dialect (its default is true: 12 locations per
+                                  prior, rows of 15)
+MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc)
+MultiBoxLoss       ``textboxes``  TextBoxes++: as DetectionOutput
 =================  =============  ============================================================
 
 Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
@@ -183,6 +195,42 @@ def _center_loss(param: Param, dialect: Dialect) -> str:
     return "happynear" if dialect.has("happynear") and not dialect.has("caffe-face") else ""
 
 
+# -- SSD-derived detectors (FaceBoxes, RefineDet, TextBoxes++): lowering/forks/{faceboxes,
+# refinedet,textboxes}.py
+
+
+def _prior_box(param: Param, dialect: Dialect) -> str:
+    denser = param.prior_box_param.denser_prior_boxes
+    if denser and dialect.has("faceboxes"):
+        raise ValueError("it sets TextBoxes++'s denser_prior_boxes in a FaceBoxes net; "
+                         "no fork has both PriorBox forms")  # fmt: skip
+    if denser:
+        return "textboxes"
+    return "faceboxes" if dialect.has("faceboxes") else ""
+
+
+def _textboxes_polygon(p, dialect: Dialect) -> bool:
+    return p.HasField("use_polygon") or dialect.has("textboxes")
+
+
+def _ssd_head(param: Param, dialect: Dialect, p, arm: int) -> str:
+    textboxes = _textboxes_polygon(p, dialect)
+    if len(param.bottom) in arm and textboxes:
+        raise ValueError("it has RefineDet's ARM bottoms and TextBoxes++'s use_polygon; "
+                         "no fork has both")  # fmt: skip
+    if len(param.bottom) in arm:
+        return "refinedet"
+    return "textboxes" if textboxes else ""
+
+
+def _detection_output(param: Param, dialect: Dialect) -> str:
+    return _ssd_head(param, dialect, param.detection_output_param, (4, 5))
+
+
+def _multibox_loss(param: Param, dialect: Dialect) -> str:
+    return _ssd_head(param, dialect, param.multibox_loss_param, (5, 6))
+
+
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "BN": _bn,
     "Upsample": _upsample,
@@ -199,6 +247,9 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "Normalize": _normalize,
     "InnerProduct": _inner_product,
     "CenterLoss": _center_loss,
+    "PriorBox": _prior_box,
+    "DetectionOutput": _detection_output,
+    "MultiBoxLoss": _multibox_loss,
 }
 
 #: The forms each type can take (documentation for the lowering; see the table above).
@@ -218,6 +269,9 @@ FORMS: dict[str, tuple[str, ...]] = {
     "Normalize": ("", "happynear"),
     "InnerProduct": ("", "happynear"),
     "CenterLoss": ("", "happynear"),
+    "PriorBox": ("", "faceboxes", "textboxes"),
+    "DetectionOutput": ("", "refinedet", "textboxes"),
+    "MultiBoxLoss": ("", "refinedet", "textboxes"),
 }
 assert set(FORMS) == set(_RULES)
 
