@@ -53,9 +53,6 @@ def _check_arm(layer: ir.Layer, bottoms, p: int, s: dict) -> None:
                           f"{list(arm_conf.shape)}")  # fmt: skip
     if len(bottoms) < 5:
         return
-    if not s["shared"]:
-        raise fail(layer, "RefineDet refines the anchors with the ARM's shared locations "
-                          "only: 5 bottoms need share_location: true")  # fmt: skip
     arm_loc = bottoms[4]
     if arm_loc.shape[0] != n or arm_loc.size // n != p * 4:
         raise fail(layer, f"arm_loc must hold 4 locations per prior ({p} priors), got shape "
@@ -69,6 +66,9 @@ def refinedet_detection_output(layer, params, bottoms, ctx):
     bottoms = [lax.stop_gradient(b) for b in bottoms]
     loc, conf, prior = bottoms[:3]
     s = detection_settings(layer, max(prior.shape[-1] // 4, 1))
+    if len(bottoms) == 5 and not s["shared"]:
+        raise fail(layer, "RefineDet refines the anchors with the ARM's shared locations "
+                          "only: 5 bottoms need share_location: true")  # fmt: skip
     p = check_bottoms(layer, loc, conf, prior, s)
     _check_arm(layer, bottoms, p, s)
     n = loc.shape[0]
