@@ -37,6 +37,7 @@ from caffe2jax.frontend.forks.catalog import (
     fork_names,
     forks_of_type,
 )
+from caffe2jax.frontend.forks.catalog_ssd_derived import faceboxes_signature
 from caffe2jax.frontend.forks.layer_types import PYTHON_MODULES
 
 BVLC = "bvlc"
@@ -230,6 +231,8 @@ def _type_candidates(layer: caffe_pb2.LayerParameter) -> tuple[Fork, ...]:
         return tuple(FORKS_BY_KEY[k] for k in UPSAMPLE_FORKS[len(layer.bottom) == 2])
     if layer.type == "BN":  # its bn_param fields tell SegNet's from PSPNet's; none: no guess
         return ()
+    if layer.type == "PriorBox" and faceboxes_signature(layer.prior_box_param.min_size):
+        return (FORKS_BY_KEY["faceboxes"],)  # the layer FaceBoxes densifies (21 priors)
     if layer.type == "Python":
         module = layer.python_param.module
         return tuple(FORKS_BY_KEY[k] for k in PYTHON_MODULES.get(module, ()))

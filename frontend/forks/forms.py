@@ -53,6 +53,18 @@ DetectionOutput    ``yolov2``     gklz1982/caffe-yolov2's: one bottom, or YOLO's
                                   label_map_file) in ``detection_output_param``; ``""``: SSD's
 RegionLoss         ``yolov2``     gklz1982's (the yolov2 dialect without eric612's);
                                   ``eric612``: MobileNet-YOLO's, a different loss (no lowering)
+PriorBox           ``faceboxes``  FaceBoxes: the net's dialect has FaceBoxes (its PriorBox takes
+                                  SSD's fields: min sizes 32 / 64 densified to 4x4 / 2x2
+                                  priors, side - 1 for the min-size boxes)
+PriorBox           ``textboxes``  TextBoxes++: ``denser_prior_boxes: true`` (each prior and a
+                                  copy centred one step lower)
+DetectionOutput    ``refinedet``  RefineDet: 4 bottoms (+ arm_conf: ``objectness_score``) or
+                                  5 (+ arm_loc: the priors refined first)
+DetectionOutput    ``textboxes``  TextBoxes++: ``use_polygon`` set, or unset in a net of the
+                                  TextBoxes++ dialect (its default is true: 12 locations per
+                                  prior, rows of 15)
+MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc)
+MultiBoxLoss       ``textboxes``  TextBoxes++: as DetectionOutput
 =================  =============  ============================================================
 
 Every other layer has form ``""``. PoolingParameter ``ceil_mode`` needs no form: the upgrade
@@ -201,11 +213,45 @@ def _detection_output(param: Param, dialect: Dialect) -> str:
             f"detection_output_param mixes caffe-yolov2's fields ({', '.join(yolo)}) with "
             f"SSD's ({', '.join(ssd)}); a DetectionOutput layer is one or the other"
         )
-    return "yolov2" if yolo or len(param.bottom) == 1 else ""
+    if yolo or len(param.bottom) == 1:
+        return "yolov2"
+    return _ssd_head(param, dialect, p, (4, 5))
 
 
 def _region_loss(param: Param, dialect: Dialect) -> str:
     return "yolov2" if dialect.has("yolov2") and not dialect.has("eric612") else "eric612"
+
+
+# -- SSD-derived detectors (FaceBoxes, RefineDet, TextBoxes++): lowering/forks/{faceboxes,
+# refinedet,textboxes}.py
+
+
+def _prior_box(param: Param, dialect: Dialect) -> str:
+    denser = param.prior_box_param.denser_prior_boxes
+    if denser and dialect.has("faceboxes"):
+        raise ValueError("it sets TextBoxes++'s denser_prior_boxes in a FaceBoxes net; "
+                         "no fork has both PriorBox forms")  # fmt: skip
+    if denser:
+        return "textboxes"
+    return "faceboxes" if dialect.has("faceboxes") else ""
+
+
+def _textboxes_polygon(p, dialect: Dialect) -> bool:
+    return p.HasField("use_polygon") or dialect.has("textboxes")
+
+
+def _ssd_head(param: Param, dialect: Dialect, p, arm: int) -> str:
+    textboxes = _textboxes_polygon(p, dialect)
+    if len(param.bottom) in arm and textboxes:
+        raise ValueError("it has RefineDet's ARM bottoms and TextBoxes++'s use_polygon; "
+                         "no fork has both")  # fmt: skip
+    if len(param.bottom) in arm:
+        return "refinedet"
+    return "textboxes" if textboxes else ""
+
+
+def _multibox_loss(param: Param, dialect: Dialect) -> str:
+    return _ssd_head(param, dialect, param.multibox_loss_param, (5, 6))
 
 
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
@@ -226,6 +272,8 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "CenterLoss": _center_loss,
     "DetectionOutput": _detection_output,
     "RegionLoss": _region_loss,
+    "PriorBox": _prior_box,
+    "MultiBoxLoss": _multibox_loss,
 }
 
 #: The forms each type can take (documentation for the lowering; see the table above).
@@ -245,8 +293,10 @@ FORMS: dict[str, tuple[str, ...]] = {
     "Normalize": ("", "happynear"),
     "InnerProduct": ("", "happynear"),
     "CenterLoss": ("", "happynear"),
-    "DetectionOutput": ("", "yolov2"),
+    "DetectionOutput": ("", "yolov2", "refinedet", "textboxes"),
     "RegionLoss": ("yolov2", "eric612"),
+    "PriorBox": ("", "faceboxes", "textboxes"),
+    "MultiBoxLoss": ("", "refinedet", "textboxes"),
 }
 assert set(FORMS) == set(_RULES)
 

@@ -3,6 +3,10 @@
 * SSD (weiliu89's util/bbox_util.cpp ``EncodeBBox`` / ``DecodeBBox``): normalized boxes,
   ``code_type`` CORNER, CENTER_SIZE or CORNER_SIZE, the prior's variances applied unless they
   are encoded in the target; no clipping.
+* RefineDet (sfzhang15/RefineDet, bbox_util.cpp ``CasRegDecodeBBoxesAll``): the ODM's
+  locations decoded against the priors refined by the ARM's, :func:`refine_and_decode`;
+* TextBoxes++ (MhLiao/TextBoxes_plusplus, bbox_util.cpp ``DecodeBBoxPolygon``): a
+  quadrilateral's 8 offsets from the prior's corners, :func:`decode_quads`;
 * R-CNN (py-faster-rcnn@781a917 lib/fast_rcnn/bbox_transform.py ``bbox_transform`` /
   ``bbox_transform_inv``): pixel boxes, widths and heights ``x2 − x1 + 1``, deltas (dx, dy, dw,
   dh) of the centres and log sizes; the inverse's corners are ``centre ± size/2`` (no −1 on x2).
@@ -64,6 +68,28 @@ def decode_boxes(prior, variance, loc, code_type: int, encoded: bool):
     w = jnp.exp(t[..., 2]) * pw
     h = jnp.exp(t[..., 3]) * ph
     return jnp.stack([cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0], axis=-1)
+
+
+def refine_and_decode(prior, variance, arm_loc, loc, code_type: int, encoded: bool):
+    """RefineDet's cascaded decode: each image's priors (P, 4) first decoded with the ARM's
+    locations ``arm_loc`` (N, P, 4), then the ODM's ``loc`` (N, L, P, 4) decoded against those
+    refined anchors with the priors' variances (DecodeBBoxes twice; neither clipped)."""
+    refined = decode_boxes(prior, variance, arm_loc, code_type, encoded)  # (N, P, 4)
+    return jax.vmap(lambda r, lo: decode_boxes(r, variance, lo, code_type, encoded))(refined, loc)
+
+
+def decode_quads(prior, variance, quad):
+    """TextBoxes++'s DecodeBBoxPolygon (CENTER_SIZE, variances not in the target): corners
+    (x1, y1) … (x4, y4) of ``quad`` (..., P, 8) are offsets from the prior's (xmin, ymin),
+    (xmax, ymin), (xmax, ymax), (xmin, ymax), scaled by its width and height and by variances
+    0 (x) and 1 (y): x_k = v0 · q_xk · w + corner_xk, in float as the fork."""
+    pw = prior[:, 2] - prior[:, 0]
+    ph = prior[:, 3] - prior[:, 1]
+    cx = jnp.stack([prior[:, 0], prior[:, 2], prior[:, 2], prior[:, 0]], axis=-1)
+    cy = jnp.stack([prior[:, 1], prior[:, 1], prior[:, 3], prior[:, 3]], axis=-1)
+    x = variance[:, :1] * quad[..., 0::2] * pw[:, None] + cx
+    y = variance[:, 1:2] * quad[..., 1::2] * ph[:, None] + cy
+    return jnp.stack([x, y], axis=-1).reshape(quad.shape)
 
 
 # -- R-CNN --------------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def permute(layer, params, bottoms, ctx):
 # -- PriorBox -----------------------------------------------------------------------------
 
 
-def _aspect_ratios(p) -> list[float]:
+def aspect_ratios(p) -> list[float]:
     """[1] then each given ratio (and 1/ratio with ``flip``) not within 1e-6 of one listed."""
     ratios = [np.float32(1.0)]
     for r in p.aspect_ratio:
@@ -131,7 +131,7 @@ def _aspect_ratios(p) -> list[float]:
     return ratios
 
 
-def _variances(layer: ir.Layer, p) -> list[float]:
+def prior_variances(layer: ir.Layer, p) -> list[float]:
     """One variance for all four coordinates, four, or none (0.1)."""
     values = [float(v) for v in p.variance]
     if not all(0 < v < math.inf for v in values):  # the fork's CHECK_GT(variance, 0); NaN fails
@@ -143,7 +143,7 @@ def _variances(layer: ir.Layer, p) -> list[float]:
     raise fail(layer, f"must provide 1 or 4 variances, got {len(values)}")
 
 
-def _int_size(layer: ir.Layer, field: str, raw: float) -> int:
+def int_size(layer: ir.Layer, field: str, raw: float) -> int:
     """A min_size/max_size as the fork's ``int``: positive (its CHECK_GT; NaN fails it) and
     below 2^31 (an int cannot hold more)."""
     if not 0 < raw < 2**31:
@@ -161,7 +161,7 @@ def _positive(layer: ir.Layer, p, fields: tuple[str, ...]) -> None:
                               f"got {value}")  # fmt: skip
 
 
-def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
+def prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
     """(width, height) of each prior at one position, in the fork's order."""
     if not p.min_size:
         raise fail(layer, "must provide min_size")
@@ -170,22 +170,22 @@ def _prior_sizes(layer: ir.Layer, p) -> list[tuple[float, float]]:
     sizes = []
     f32 = np.float32
     for s, raw in enumerate(p.min_size):
-        ms = _int_size(layer, "min_size", raw)  # the fork stores min/max sizes in ints
+        ms = int_size(layer, "min_size", raw)  # the fork stores min/max sizes in ints
         sizes.append((ms, ms))
         if p.max_size:
-            big = _int_size(layer, "max_size", p.max_size[s])
+            big = int_size(layer, "max_size", p.max_size[s])
             if p.max_size[s] <= raw:
                 raise fail(layer, "max_size must be greater than min_size")
             side = f32(math.sqrt(ms * big))  # sqrt(int) in double, kept in a float
             sizes.append((side, side))
-        for r in _aspect_ratios(p):
+        for r in aspect_ratios(p):
             if abs(float(r) - 1.0) >= 1e-6:  # C's sqrt(double(ar)), the product kept in a float
                 root = math.sqrt(float(r))
                 sizes.append((f32(ms * root), f32(ms / root)))
     return sizes
 
 
-def _image_and_step(p, feature: Shape, image: Shape) -> tuple[float, float, float, float]:
+def image_and_step(p, feature: Shape, image: Shape) -> tuple[float, float, float, float]:
     """(img_w, img_h, step_w, step_h) as PriorBoxLayer::Forward_cpu picks them."""
     if p.HasField("img_h") or p.HasField("img_w"):
         img_h, img_w = p.img_h, p.img_w
@@ -203,7 +203,7 @@ def _image_and_step(p, feature: Shape, image: Shape) -> tuple[float, float, floa
     return float(img_w), float(img_h), float(step_w), float(step_h)
 
 
-def _check_image_and_step(layer: ir.Layer, p) -> None:
+def check_image_and_step(layer: ir.Layer, p) -> None:
     """PriorBoxLayer::LayerSetUp's CHECKs on img_size/img_h/img_w, step/step_h/step_w; and a
     finite offset (the fork has no CHECK; NaN would give NaN priors)."""
     if (p.HasField("img_h") or p.HasField("img_w")) and p.HasField("img_size"):
@@ -225,9 +225,9 @@ def _check_image_and_step(layer: ir.Layer, p) -> None:
 def prior_boxes(layer: ir.Layer, feature: Shape, image: Shape) -> np.ndarray:
     """The (1, 2, H·W·num_priors·4) PriorBox top as a float32 numpy array."""
     p = layer.param.prior_box_param
-    _check_image_and_step(layer, p)
-    sizes = np.asarray(_prior_sizes(layer, p), np.float64)
-    img_w, img_h, step_w, step_h = _image_and_step(p, feature, image)
+    check_image_and_step(layer, p)
+    sizes = np.asarray(prior_sizes(layer, p), np.float64)
+    img_w, img_h, step_w, step_h = image_and_step(p, feature, image)
     off = np.float32(p.offset)
     hs, ws = np.meshgrid(np.arange(feature[2]), np.arange(feature[3]), indexing="ij")
     cx = ((ws + off).astype(np.float32) * np.float32(step_w)).reshape(-1, 1)
@@ -240,7 +240,7 @@ def prior_boxes(layer: ir.Layer, feature: Shape, image: Shape) -> np.ndarray:
     if p.clip:
         boxes = np.clip(boxes, 0.0, 1.0)
     boxes = boxes.reshape(-1)
-    variances = np.tile(np.asarray(_variances(layer, p), np.float32), boxes.size // 4)
+    variances = np.tile(np.asarray(prior_variances(layer, p), np.float32), boxes.size // 4)
     return np.stack([boxes, variances])[None]
 
 

@@ -80,7 +80,7 @@ def detection_settings(layer: ir.Layer, num_priors: int) -> dict:
     )
 
 
-def _check(layer: ir.Layer, loc, conf, prior, s: dict) -> int:
+def check_bottoms(layer: ir.Layer, loc, conf, prior, s: dict) -> int:
     """Number of priors, after Caffe's Reshape checks."""
     if prior.ndim < 3 or prior.shape[-2] != 2 or prior.shape[-1] % 4:
         raise fail(layer, f"prior bottom must be (1, 2, P·4), got shape {list(prior.shape)}")
@@ -104,19 +104,21 @@ def _per_class(boxes, scores, s: dict):
     order, valid = ranked(scores, valid, s["top_k"])
     cand = jnp.take_along_axis(jnp.broadcast_to(boxes, (scores.shape[0],) + boxes.shape[1:]),
                                order[..., None], axis=1)  # fmt: skip
-    keep = greedy_keep(iou(cand, cand, SSD_NMS), valid, s["nms"], s["eta"])
+    box = cand[..., :4]  # columns past the box (a fork's polygon) ride along, no overlap
+    keep = greedy_keep(iou(box, box, SSD_NMS), valid, s["nms"], s["eta"])
     return order, keep, cand
 
 
 def _image_rows(i, boxes, scores, s: dict):
-    """All candidate rows (C·M, 7) of image ``i`` with their keep flags (after keep_top_k)."""
+    """All candidate rows (C·M, 7 + E) of image ``i`` with their keep flags (after
+    keep_top_k)."""
     order, keep, cand = _per_class(boxes, scores, s)
     c, m = order.shape
     score = jnp.take_along_axis(scores, order, axis=1)
     label = jnp.broadcast_to(jnp.arange(c, dtype=scores.dtype)[:, None], (c, m))
     image = jnp.full((c, m), i, scores.dtype)
     rows = jnp.concatenate([image[..., None], label[..., None], score[..., None], cand], -1)
-    rows, keep, score = rows.reshape(c * m, 7), keep.reshape(-1), score.reshape(-1)
+    rows, keep, score = rows.reshape(c * m, -1), keep.reshape(-1), score.reshape(-1)
     k = s["keep_top_k"]
     if -1 < k < c * m:
         best, _ = ranked(score, keep, k)
@@ -131,22 +133,31 @@ def detection_output(layer, params, bottoms, ctx):
     loc, conf, prior = (lax.stop_gradient(b) for b in bottoms)
     p = prior.shape[-1] // 4
     s = detection_settings(layer, max(p, 1))
-    p = _check(layer, loc, conf, prior, s)
+    p = check_bottoms(layer, loc, conf, prior, s)
     n = loc.shape[0]
     loc_classes = 1 if s["shared"] else s["classes"]
     priors = prior.reshape(-1, 2, p, 4)[0]
     loc = loc.reshape(n, p, loc_classes, 4).transpose(0, 2, 1, 3)
     boxes = decode_boxes(priors[0], priors[1], loc, s["code"], s["encoded"])
     scores = conf.reshape(n, p, s["classes"]).transpose(0, 2, 1)
+    return [detection_rows(boxes, scores, s)]
+
+
+def detection_rows(boxes, scores, s: dict):
+    """The static, padded (1, 1, K, 7 + E) top from decoded ``boxes`` (N, L, P, 4 + E: the
+    box, then any columns a fork's rows carry) and ``scores`` (N, C, P): per-class NMS on the
+    boxes, keep_top_k, the "no detection" rows (module docstring)."""
+    n = boxes.shape[0]
     rows, keep = jax.vmap(lambda i, b, c: _image_rows(i, b, c, s))(jnp.arange(n), boxes, scores)
     targets = s["classes"] - (0 <= s["background"] < s["classes"])
     per_image = max(targets, 1) * s["top_k"]
     if s["keep_top_k"] > -1:
         per_image = min(per_image, s["keep_top_k"])
     size = max(n * per_image, n)
-    fill = jnp.full((7,), -1.0, rows.dtype)
-    out = compact(rows.reshape(-1, 7), keep.reshape(-1), size, fill)
+    width = rows.shape[-1]
+    fill = jnp.full((width,), -1.0, rows.dtype)
+    out = compact(rows.reshape(-1, width), keep.reshape(-1), size, fill)
     none = jnp.sum(keep) == 0
     first = jnp.arange(size) < n
     out = out.at[:, 0].set(jnp.where(none & first, jnp.arange(size, dtype=out.dtype), out[:, 0]))
-    return [out.reshape(1, 1, size, 7)]
+    return out.reshape(1, 1, size, width)

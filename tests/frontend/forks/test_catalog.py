@@ -81,6 +81,7 @@ BASES = {
     "darknet2caffe": 6000, "segnet": 7000, "enet": 7000, "c3d-v1.0": 8000,
     "deeplab-v1": 9000, "ssd": 10000, "ceil_mode": 11000, "sphereface": 21000,
     "lsoftmax": 22000, "caffe-face": 23000, "happynear": 24000, "yolov2": 31000, "ctpn": 32000,
+    "textboxes": 26000,
 }  # fmt: skip
 
 
