@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from caffe2jax.frontend.forks.catalog_face import FACE_FORKS
+from caffe2jax.frontend.forks.catalog_tail import TAIL_FORKS
 from caffe2jax.frontend.forks.fork import Fork, Numbers
 
 _SSD_LAYER = {
@@ -247,6 +248,7 @@ FORKS: tuple[Fork, ...] = (
     Fork("depthwise", "DepthwiseConvolution", "yonghenglh6/DepthwiseConvolution",
          types=("DepthwiseConvolution",)),
     *FACE_FORKS,
+    *TAIL_FORKS,
 )  # fmt: skip
 
 FORKS_BY_KEY: Mapping[str, Fork] = MappingProxyType({f.key: f for f in FORKS})
