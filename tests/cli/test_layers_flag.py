@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
+from caffe2jax.frontend.errors import NetError
 from tests.cli_runner import run_cli
 from tests.golden import ROOT
 
@@ -97,10 +98,29 @@ def test_type_no_one_registered_is_one_line(example):
     line = _one_line(proc)
     assert "rcf_side_output.prototxt:22: layer 'crop' has unsupported type 'SideCrop'" in line
     assert "caffe2jax.register_layer" in line and "--layers MODULE" in line
-    # through a solver the net reaches the compiler parsed, without its file name (yet)
+    # through a solver too: the net file's line
     proc = run_cli("train", "--solver", "solver.prototxt", "--dialect", "rcf.proto",
                    cwd=example)  # fmt: skip
-    assert "layer 'crop' has unsupported type 'SideCrop'" in _one_line(proc)
+    line = _one_line(proc)
+    assert "rcf_side_output.prototxt:22: layer 'crop' has unsupported type 'SideCrop'" in line
+
+
+def test_pycaffe_solver_takes_the_forks_proto_as_dialect(example):
+    """get_solver / SGDSolver(dialect=...) as Net(dialect=...): no activate() needed."""
+    import caffe2jax as pycaffe  # caffe.get_solver, caffe.SGDSolver
+    from caffe2jax.frontend.forks import user_proto
+
+    user_proto.activate(None)
+    solver_file = str(example / "solver.prototxt")
+    solver = pycaffe.get_solver(solver_file, dialect=str(example / "rcf.proto"))
+    assert type(solver).__name__ == "SGDSolver"
+    solver.step(2)
+    assert np.isfinite(solver.net.blobs["loss"].data).all()
+    net = example / "rcf_side_output.prototxt"
+    net.write_text(net.read_text().replace('type: "AutoCrop"', 'type: "SideCrop"'))
+    with pytest.raises(NetError, match=r"rcf_side_output\.prototxt:22: layer 'crop' "
+                                                  "has unsupported type 'SideCrop'"):  # fmt: skip
+        pycaffe.SGDSolver(solver_file, dialect=str(example / "rcf.proto"))
 
 
 def test_bad_proto_and_bad_module_are_one_line(example):
