@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.forks.coord_maps import with_auto_crop_offsets
 from caffe2jax.frontend.forks.dialect import Dialect
 from caffe2jax.frontend.forks.forms import layer_form
 from caffe2jax.frontend.forks.layer_types import NO_DEFAULT_LOSS_WEIGHT
@@ -177,7 +178,8 @@ def build_net(
     """
     dialect = dialect or Dialect()
     builder = _Builder(source, text, dialect)
-    layers = [builder.layer(param, name) for param, name in zip(net.layer, _unique_names(net))]
+    params = with_auto_crop_offsets(net.layer, builder.fail)  # RCF's AutoCrop: from the net
+    layers = [builder.layer(param, name) for param, name in zip(params, _unique_names(net))]
     rename = _rename_last_versions(layers, builder.current)
 
     def ssa(name: str) -> str:

@@ -24,13 +24,10 @@ each layer's ``form``) registers each variant under a key that carries it:
 ``@register("SoftmaxWithLoss")``; :func:`lookup` takes the layer's (type, form) entry where
 there is one, else the type's BVLC entry (form ``""``), so no lowering reads ``layer.form``.
 An entry also says whether the type computes in bfloat16 under precision ``bf16``
-(``bf16=True``, lowering/engines/precision.py) and, for a data layer, how it is fed (``feed=``:
-:data:`DATA_LAYERS`; the runtime registers its reader under the same type string).
-
-A type may also register, in its family file, a channels-last form
-(``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py runs the pass) and an engine
-rule (``@convolution.engine``: the form the net's engine policy picks when the graph is
-planned, read by the lowering as ``ctx.engine``). docs/layers.md lists every registered type.
+(``bf16=True``, lowering/engines/precision.py), for a data layer how it is fed (``feed=``:
+:data:`DATA_LAYERS`; the runtime registers its reader under the same type string), and may
+add a channels-last form (``@convolution.nhwc(when=..., starts=True)``: lowering/layout.py)
+and an engine rule (``@convolution.engine``, read as ``ctx.engine``). docs/layers.md lists all.
 """
 
 from __future__ import annotations
@@ -301,9 +298,12 @@ def register(
     return wrap
 
 
-def unregister(type_name: str, form: str = "") -> None:
-    """Drop an entry (a user's layer registered anew: lowering/forks/user.py)."""
-    _REGISTRY.pop((type_name, form), None)
+def unregister(type_name: str, form: str = "", restore: Lowering | None = None) -> Lowering | None:
+    """Drop an entry and return it, ``restore`` in its place if given (a user's layer registered
+    anew, or over a built-in one and dropped again: lowering/forks/user.py)."""
+    found = _REGISTRY.pop((type_name, form), None)
+    _REGISTRY.update({} if restore is None else {(type_name, form): restore})
+    return found
 
 
 def registered_types() -> list[str]:

@@ -33,11 +33,12 @@ class Solver:
 
     def __init__(self, source: Any, *, logger: logging.Logger | None = None,
                  devices: str | int | list[int] | None = None,
-                 python_layers: str | None = None):  # fmt: skip
-        """``python_layers``: as :class:`~caffe2jax.pycaffe.net.Net`'s, for the train and test
-        nets."""
+                 python_layers: str | None = None, dialect: str | None = None):  # fmt: skip
+        """``python_layers`` and ``dialect`` (a built-in fork's name or a fork's caffe.proto):
+        as :class:`~caffe2jax.pycaffe.net.Net`'s, for the solver file and every net of it."""
         with choose_python_layers(python_layers):
-            self._loop = loop = SolverLoop(source, logger=logger, devices=devices)
+            self._loop = loop = SolverLoop(source, logger=logger, devices=devices,
+                                           dialect=dialect)  # fmt: skip
         self.param = loop.param
         self.log = loop.log
         self.net = Net.view(loop.train, loop.ts.params, loop.ts.state)
@@ -233,12 +234,14 @@ AdamSolver = SOLVER_CLASSES["Adam"]
 
 
 def get_solver(source: Any, devices: str | int | list[int] | None = None,
-               python_layers: str | None = None) -> Solver:  # fmt: skip
+               python_layers: str | None = None, dialect: str | None = None) -> Solver:  # fmt: skip
     """pycaffe's ``caffe.get_solver``: an instance of the class the file's ``type`` names
     (``SGDSolver``, ``AdamSolver``…); ``devices`` (``"all"``, ``"0,1"``, ids) trains
-    data-parallel on them, as ``caffe train -gpu``; ``python_layers`` as for a Net."""
+    data-parallel on them, as ``caffe train -gpu``; ``python_layers`` and ``dialect`` as for
+    a Net."""
     from caffe2jax.runtime.train.setup import read_solver_param
 
-    param, _ = read_solver_param(source)
+    param, _ = read_solver_param(source, dialect)
     check_solver_type(param)
-    return SOLVER_CLASSES[param.type](source, devices=devices, python_layers=python_layers)
+    return SOLVER_CLASSES[param.type](source, devices=devices, python_layers=python_layers,
+                                      dialect=dialect)  # fmt: skip

@@ -35,6 +35,8 @@ Convolution3D,     ``c3d-v1.0``   upgraded from C3D v1.0 (its mean file and blob
 Pooling3D                         C3D v1.0 BlobProtos); ``""`` for C3D v1.1
 Interp,            ``deeplab-v1`` DeepLab v1 (exactly one of zoom/shrink/height+width);
 ImageSegData                      ``""``: PSPNet / DeepLab v2 rules
+Interp             ``blob_size``  soeaver's caffe-priv (FPN): ``use_blob_size`` set or two
+                                  bottoms; bottom 1 gives the size when use_blob_size
 Pooling            ``darknet2caffe``  darknet2caffe's Caffe: one more output row and column
                                   when (kernel - stride) is odd (yolov3-tiny's 2x2/1 pools)
 Python             ``rfcn``       py-R-FCN's ``rpn.proposal_layer`` / ``rpn.proposal_target_
@@ -164,6 +166,12 @@ def _deeplab(param: Param, dialect: Dialect) -> str:
     return "deeplab-v1" if dialect.has("deeplab-v1") and not v2 else ""
 
 
+def _interp(param: Param, dialect: Dialect) -> str:
+    if param.interp_param.use_blob_size or len(param.bottom) == 2:
+        return "blob_size"
+    return _deeplab(param, dialect)
+
+
 def _pooling(param: Param, dialect: Dialect) -> str:
     return "darknet2caffe" if dialect.has("darknet2caffe") else ""
 
@@ -263,7 +271,7 @@ _RULES: dict[str, Callable[[Param, Dialect], str]] = {
     "VideoData": _video_data,
     "Convolution3D": _c3d,
     "Pooling3D": _c3d,
-    "Interp": _deeplab,
+    "Interp": _interp,
     "ImageSegData": _deeplab,
     "Pooling": _pooling,
     "Python": _python,
@@ -286,7 +294,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "VideoData": ("c3d", "c3d-v1.0", "ssd"),
     "Convolution3D": ("", "c3d-v1.0"),
     "Pooling3D": ("", "c3d-v1.0"),
-    "Interp": ("", "deeplab-v1"),
+    "Interp": ("", "deeplab-v1", "blob_size"),
     "ImageSegData": ("", "deeplab-v1"),
     "Pooling": ("", "darknet2caffe"),
     "Python": ("", "rfcn"),

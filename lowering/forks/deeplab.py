@@ -88,8 +88,14 @@ def interp_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 def _interp(layer: ir.Layer, x: jax.Array, nhwc: bool, v1: bool = False) -> jax.Array:
     h_axis = 1 if nhwc else 2
+    return interp_to(layer, x, interp_size(layer, (x.shape[h_axis], x.shape[h_axis + 1]), v1), nhwc)
+
+
+def interp_to(layer: ir.Layer, x: jax.Array, size: tuple[int, int], nhwc: bool) -> jax.Array:
+    """InterpLayer::Forward_cpu: the window ``[−pad_beg, H + pad_end)`` of ``x`` resized to
+    ``size`` (height, width) by util/interp.cpp's sampling (a copy at the same size)."""
+    h_axis, (oh, ow) = (1 if nhwc else 2), size
     hw = (x.shape[h_axis], x.shape[h_axis + 1])
-    oh, ow = interp_size(layer, hw, v1)
     p = layer.param.interp_param
     start = -p.pad_beg
     crop = tuple(slice(start, n + p.pad_end) for n in hw)

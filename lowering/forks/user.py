@@ -25,6 +25,7 @@ derivative of its forward; ``None`` in bottom_diffs: no gradient).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ import jax
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import CaffeError
 from caffe2jax.frontend.forks.user_proto import readable_param
-from caffe2jax.lowering.registry import Lowering, ParamDecl, register, unregister
+from caffe2jax.lowering.registry import (
+    Lowering,
+    ParamDecl,
+    register,
+    registered_forms,
+    unregister,
+)
 
 Forward = Callable[[list, list, Any, Any], Sequence[jax.Array]]
 Backward = Callable[..., tuple[Sequence[Any], Sequence[Any]]]
@@ -41,6 +48,8 @@ ParamShapes = Callable[[Any, Sequence[tuple[int, ...]]], Sequence[tuple[Sequence
 
 #: (type, form) of every layer registered through :func:`register_layer` (may be replaced).
 _USER: dict[tuple[str, str], Lowering] = {}
+#: the built-in entries a user's registration replaced, restored by :func:`unregister_layer`
+_BUILT_IN: dict[tuple[str, str], Lowering] = {}
 
 
 class LayerRegistrationError(CaffeError):
@@ -116,7 +125,8 @@ def register_layer(
     """Register a JAX forward ``fn(bottoms, params, layer_param, ctx) -> tops`` for Caffe
     layer type ``type_name`` (see the module). ``counts``: (min bottoms, max bottoms, min
     tops, max tops) as Caffe's ExactNum/Min/MaxBottomBlobs check them (None: any). A type
-    registered earlier through this function is replaced; a built-in one is refused."""
+    registered earlier through this function is replaced; so is a built-in one, with a warning
+    (:func:`unregister_layer` restores it)."""
     if not isinstance(type_name, str) or not type_name:
         raise LayerRegistrationError(f"a layer type is a non-empty string, got {type_name!r:.40}")
     if not callable(fn):
@@ -124,13 +134,14 @@ def register_layer(
     key = (type_name, form)
     if key in _USER:
         unregister(type_name, form)
-    try:
-        lowering = register(type_name, form=form, counts=counts)(_lowering(type_name, fn, backward))
-    except ValueError:
-        raise LayerRegistrationError(
+    elif key in registered_forms():
+        _BUILT_IN[key] = unregister(type_name, form)  # type: ignore[assignment]
+        warnings.warn(
             f"layer type '{type_name}'{f' form {form!r}' if form else ''} is built into "
-            "caffe2jax; register the fork's variant under a form (form='...')"
-        ) from None
+            "caffe2jax; your registration replaces it (unregister_layer restores it)",
+            stacklevel=2,
+        )
+    lowering = register(type_name, form=form, counts=counts)(_lowering(type_name, fn, backward))
     if param_shapes is not None:
         lowering.param_shapes(_declare(param_shapes))
     _USER[key] = lowering
@@ -140,7 +151,7 @@ def register_layer(
 def unregister_layer(type_name: str, form: str = "") -> None:
     """Drop a type registered through :func:`register_layer` (nothing else)."""
     if _USER.pop((type_name, form), None) is not None:
-        unregister(type_name, form)
+        unregister(type_name, form, restore=_BUILT_IN.pop((type_name, form), None))
 
 
 def user_layers() -> list[tuple[str, str]]:

@@ -51,14 +51,15 @@ class SolverLoop:
 
     def __init__(self, source: Any, *, logger: logging.Logger | None = None,
                  devices: str | int | Sequence[int] | None = None,
-                 precision: str | None = None):  # fmt: skip
+                 precision: str | None = None, dialect: str | None = None):  # fmt: skip
         """``devices`` (Caffe's ``-gpu``: ``"all"``, ``"0,1"``, ids) trains data-parallel on
         a mesh of them, each running the net's batch_size; ``None``: the default device.
         ``precision`` (``"fp32"``, ``"tf32"``, ``"bf16"``; None: fp32) is how the train and
-        test nets' layers compute (lowering/engines/precision.py)."""
-        self.precision = precision
+        test nets' layers compute (lowering/engines/precision.py). ``dialect``: the fork
+        numbering of every net of the solver, as for a Net (a fork's caffe.proto too)."""
+        self.precision, self.dialect = precision, dialect
         self.mesh = make_mesh(devices) if devices is not None else None
-        self.param, self.folder = read_solver_param(source)
+        self.param, self.folder = read_solver_param(source, dialect)
         self.log = logger or log
         check_solver_type(self.param)
         check_eval(self.param)
@@ -91,14 +92,16 @@ class SolverLoop:
         p = self.param
         train, tests = net_sources(p, self.folder)
         train_state = p.train_state if p.HasField("train_state") else None
+        common = {"base_dir": self.folder, "seed": self.seed, "precision": self.precision,
+                  "dialect": self.dialect}  # fmt: skip
         self.train = CompiledNet.build(
-            train, ir.TRAIN, state=net_state(caffe_pb2.TRAIN, train, train_state),
-            base_dir=self.folder, seed=self.seed, precision=self.precision)  # fmt: skip
+            train, ir.TRAIN, state=net_state(caffe_pb2.TRAIN, train, train_state, self.dialect),
+            **common)  # fmt: skip
         self.tests = [
-            CompiledNet.build(net, ir.TEST, base_dir=self.folder, seed=self.seed,
-                              precision=self.precision,
+            CompiledNet.build(net, ir.TEST, **common,
                               state=net_state(caffe_pb2.TEST, net,
-                                              p.test_state[i] if p.test_state else None))
+                                              p.test_state[i] if p.test_state else None,
+                                              self.dialect))
             for i, net in enumerate(tests)
         ]  # fmt: skip
         self.shares = [shared_layers(self.train.model, t.model) for t in self.tests]

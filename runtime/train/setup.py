@@ -13,12 +13,13 @@ from caffe2jax.frontend.upgrade import upgrade_solver
 from caffe2jax.runtime.formats.paths import check_snapshot_prefix, short
 
 
-def read_solver_param(source: Any) -> tuple[caffe_pb2.SolverParameter, Path]:
-    """(upgraded SolverParameter, folder its relative paths may be relative to)."""
+def read_solver_param(source: Any, dialect: Any = None) -> tuple[caffe_pb2.SolverParameter, Path]:
+    """(upgraded SolverParameter, folder its relative paths may be relative to); ``dialect``
+    as for a net (a fork's caffe.proto: its fields in the solver's ``net_param``)."""
     if isinstance(source, caffe_pb2.SolverParameter):
         return upgrade_solver(source), Path(".")
     name = "<string>" if isinstance(source, str) and "\n" in source else str(source)
-    param = read_message(source, caffe_pb2.SolverParameter)
+    param = read_message(source, caffe_pb2.SolverParameter, dialect=dialect)
     try:
         param = upgrade_solver(param, name)
     except CaffeError as err:
@@ -43,7 +44,8 @@ def resolve(path: str, folder: Path) -> Path:
 
 
 def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, list[Any]]:
-    """Caffe's InitTrainNet / InitTestNets choice of net definitions."""
+    """Caffe's InitTrainNet / InitTestNets choice of net definitions: a NetParameter (the
+    solver's ``*net_param``) or the path of a net file."""
     train_fields = [f for f in ("net", "net_param", "train_net", "train_net_param")
                     if param.HasField(f)]  # fmt: skip
     if len(train_fields) != 1:
@@ -62,7 +64,7 @@ def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, li
             raise SolverError(f"{field}: net file '{value[:60]}': {err.strerror}") from None
         if not found:
             raise SolverError(f"{field}: net file '{value[:60]}' not found")
-        return read_net(path)
+        return path  # compiled from its file: errors name the file's lines
 
     field = train_fields[0]
     train = load(field, getattr(param, field))
@@ -82,10 +84,12 @@ def net_sources(param: caffe_pb2.SolverParameter, folder: Path) -> tuple[Any, li
     return train, tests
 
 
-def net_state(phase: int, net: caffe_pb2.NetParameter, extra: caffe_pb2.NetState | None):
-    """NetState precedence: the phase, then the net's own state, then the solver's."""
+def net_state(phase: int, net: Any, extra: caffe_pb2.NetState | None, dialect: Any = None):
+    """NetState precedence: the phase, then the net's own state (``net``: a NetParameter or
+    the path of its file, read in ``dialect``), then the solver's."""
     state = caffe_pb2.NetState(phase=phase)
-    state.MergeFrom(net.state)
+    own = net if isinstance(net, caffe_pb2.NetParameter) else read_net(net, dialect=dialect)
+    state.MergeFrom(own.state)
     if extra is not None:
         state.MergeFrom(extra)
     return state

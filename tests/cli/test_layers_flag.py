@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import caffe2jax
+from caffe2jax.frontend.errors import NetError
 from tests.cli_runner import run_cli
 from tests.golden import ROOT
 
@@ -43,7 +44,8 @@ def _auto_crop_loop(x, ref_shape, crop_h, crop_w):
 
 
 def test_auto_crop_matches_the_fork_jitted_and_in_value_and_grad():
-    _register_example()
+    with pytest.warns(UserWarning, match="'AutoCrop' is built into caffe2jax"):
+        _register_example()  # the user's AutoCrop replaces the built-in one
     model = caffe2jax.compile(EXAMPLE / "rcf_side_output.prototxt", phase="TRAIN",
                               dialect=str(EXAMPLE / "rcf.proto"))  # fmt: skip
     params, state = model.init(jax.random.key(0))
@@ -59,6 +61,9 @@ def test_auto_crop_matches_the_fork_jitted_and_in_value_and_grad():
     value, grads = jax.jit(jax.value_and_grad(loss))(params)
     assert np.isfinite(value) and np.abs(grads["score"][0]).sum() > 0
     assert not np.any(grads["upsample"][0])  # its param { lr_mult: 0 } still gets no update
+    # the built-in AutoCrop finds the example's offset (1, 1) from the coordinate maps
+    crop = next(layer for layer in model.net.layers if layer.name == "crop")
+    assert tuple(crop.param.crop_param.offset) == (1, 1)
 
 
 def test_train_from_the_command_line(example):
@@ -85,15 +90,37 @@ def _one_line(proc) -> str:
 
 
 def test_type_no_one_registered_is_one_line(example):
+    # AutoCrop is built in (lowering/forks/rcf.py): a type of the fork no one registered
+    net = example / "rcf_side_output.prototxt"
+    net.write_text(net.read_text().replace('type: "AutoCrop"', 'type: "SideCrop"'))
     proc = run_cli("time", "--model", "rcf_side_output.prototxt", "--dialect", "rcf.proto",
                    "--iterations", "1", cwd=example)  # fmt: skip
     line = _one_line(proc)
-    assert "rcf_side_output.prototxt:22: layer 'crop' has unsupported type 'AutoCrop'" in line
+    assert "rcf_side_output.prototxt:22: layer 'crop' has unsupported type 'SideCrop'" in line
     assert "caffe2jax.register_layer" in line and "--layers MODULE" in line
-    # through a solver the net reaches the compiler parsed, without its file name (yet)
+    # through a solver too: the net file's line
     proc = run_cli("train", "--solver", "solver.prototxt", "--dialect", "rcf.proto",
                    cwd=example)  # fmt: skip
-    assert "layer 'crop' has unsupported type 'AutoCrop'" in _one_line(proc)
+    line = _one_line(proc)
+    assert "rcf_side_output.prototxt:22: layer 'crop' has unsupported type 'SideCrop'" in line
+
+
+def test_pycaffe_solver_takes_the_forks_proto_as_dialect(example):
+    """get_solver / SGDSolver(dialect=...) as Net(dialect=...): no activate() needed."""
+    import caffe2jax as pycaffe  # caffe.get_solver, caffe.SGDSolver
+    from caffe2jax.frontend.forks import user_proto
+
+    user_proto.activate(None)
+    solver_file = str(example / "solver.prototxt")
+    solver = pycaffe.get_solver(solver_file, dialect=str(example / "rcf.proto"))
+    assert type(solver).__name__ == "SGDSolver"
+    solver.step(2)
+    assert np.isfinite(solver.net.blobs["loss"].data).all()
+    net = example / "rcf_side_output.prototxt"
+    net.write_text(net.read_text().replace('type: "AutoCrop"', 'type: "SideCrop"'))
+    with pytest.raises(NetError, match=r"rcf_side_output\.prototxt:22: layer 'crop' "
+                                                  "has unsupported type 'SideCrop'"):  # fmt: skip
+        pycaffe.SGDSolver(solver_file, dialect=str(example / "rcf.proto"))
 
 
 def test_bad_proto_and_bad_module_are_one_line(example):

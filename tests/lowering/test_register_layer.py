@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import caffe2jax
-from caffe2jax.frontend.errors import CaffeError, NetError
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.forks import user as user_layers
-from caffe2jax.lowering.registry import registered_types
+from caffe2jax.lowering.registry import lowering_of, registered_types
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -134,15 +134,23 @@ def test_weights_save_and_load_through_caffemodel(fork, tmp_path):
     np.testing.assert_array_equal(loaded["cs"][1], [-1.0, 0.0, 1.0])
 
 
-def test_registered_again_replaces_and_built_in_is_refused(fork):
+def test_registered_again_replaces_and_a_built_in_is_replaced_with_a_warning(fork):
     caffe2jax.register_layer("ChannelScale", channel_scale, param_shapes=shapes)
     caffe2jax.register_layer("ChannelScale", lambda b, p, lp, ctx: [b[0]])
     assert "ChannelScale" in registered_types()
     model = caffe2jax.compile(NET, dialect=fork)
     x = np.ones((2, 3, 4, 5), np.float32)
     np.testing.assert_array_equal(model.apply({}, {}, {"x": x})[0]["y"], x)
-    with pytest.raises(CaffeError, match="'Convolution' is built into caffe2jax"):
-        caffe2jax.register_layer("Convolution", channel_scale)
+    built_in = lowering_of("AbsVal")
+    with pytest.warns(UserWarning, match="'AbsVal' is built into caffe2jax; your registration"):
+        caffe2jax.register_layer("AbsVal", lambda b, p, lp, ctx: [b[0] * 0 + 7])
+    try:
+        text = NET.replace('"ChannelScale"', '"AbsVal"')
+        y = caffe2jax.compile(text, dialect=fork).apply({}, {}, {"x": -x})[0]["y"]
+        np.testing.assert_array_equal(y, np.full_like(x, 7))
+    finally:
+        user_layers.unregister_layer("AbsVal")
+    assert lowering_of("AbsVal") is built_in  # restored
 
 
 def test_unregistered_type_is_one_line(fork, tmp_path):
