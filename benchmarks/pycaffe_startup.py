@@ -7,7 +7,9 @@ processes, side by side with OpenCV's dnn module.
   ``readNetFromCaffe`` + ``forward`` in one run. The weights are a .caffemodel our fillers
   wrote (both load the same file).
 * ``caffe2jax time`` on ResNet-152 (batch 1, 224², built here with NetSpec): from launch to
-  its first per-layer line, first and second run (``--full``: also to the last one).
+  its first per-layer line, first and second run (``--full``: also to the last one). The
+  lines come from one profile of the fused program, all at once after it ran
+  (``--per-layer-programs`` would print each after its layer's compile).
 
 Prints a markdown table. Timings on a shared machine are noisy: label them so.
 

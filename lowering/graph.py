@@ -330,8 +330,7 @@ class Graph:
         return env, new_state
 
     def _run(self, params, state, env, rng, start, stop, taps, keep):
-        env = dict(env)
-        taps = taps or {}
+        env, taps = dict(env), taps or {}
         for name in taps.keys() & env.keys():
             env[name] = env[name] + taps[name]
         new_state = NetState({name: list(blobs) for name, blobs in state.items()},
@@ -340,8 +339,9 @@ class Graph:
         for step in plan.steps:
             if step.layer is None:  # a Split: each top is its bottom
                 out = [env[step.bottoms[0]]] * len(step.tops)
-            else:
-                out = self._layer_step(step, params, state, env, rng, new_state)
+            else:  # under the layer's name: profiles and HLO op_name metadata carry it
+                with jax.named_scope(step.layer.name):
+                    out = self._layer_step(step, params, state, env, rng, new_state)
             for top, value in zip(step.tops, out):
                 if top in taps:
                     tap = taps[top]

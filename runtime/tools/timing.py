@@ -1,17 +1,18 @@
 """Caffe's ``caffe time`` for a compiled net: per-layer and whole-net forward/backward times.
 
-Caffe times each layer's Forward and Backward call inside its net loop. Here a whole net runs
-as one fused XLA program, inside which layers have no separate time; so the per-layer figures
-come from **compiled per-layer programs**: for each of Caffe's layers (splits included) one
-jitted forward (``Graph.run`` over that layer alone) and one jitted backward (the layer's VJP
-applied to top diffs of ones, its residuals computed beforehand, so only the backward is
-timed). Layers alike in all but their names and blob values (ResNet's blocks, GoogLeNet's
-branches) share their programs, and the layers run in order, each on the tops its
-predecessors computed: a net compiles one set of programs per kind of layer, and the first
-layer's figures come after its own compiles, not the whole net's. Their sums are Caffe's
-"Average Forward pass" and "Average Backward pass"; after them come the times of the one
-fused program the net really runs as (forward, and forward + backward), each program's compile
-time, and the peak memory.
+Caffe times each layer's Forward and Backward call inside its net loop. Here a whole net runs as
+one fused XLA program; its per-layer figures come either from one profile of that program
+(``profile=``: :mod:`caffe2jax.runtime.tools.profiling`, the CLI's default) or from **compiled
+per-layer programs** (``per_layer=True``, Caffe's own per-layer times): for each of Caffe's
+layers (splits included) one jitted forward (``Graph.run`` over that layer alone) and one jitted
+backward (the layer's VJP applied to top diffs of ones, its residuals computed beforehand, so
+only the backward is timed). Layers alike in all but their names and blob values (ResNet's
+blocks, GoogLeNet's branches) share their programs, and the layers run in order, each on the
+tops its predecessors computed: a net compiles one set of programs per kind of layer, and the
+first layer's figures come after its own compiles, not the whole net's. Their sums are Caffe's
+"Average Forward pass" and "Average Backward pass"; after them come the times of the one fused
+program the net really runs as (forward, and forward + backward), each program's compile time,
+and the peak memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.registry import NetState, carry_of
+from caffe2jax.runtime.tools.profiling import LayerProfile, metadata_keyed, profile_program
 
 
 @dataclass
@@ -49,6 +52,8 @@ class NetTimes:
     trace_forward_s: float = 0.0
     trace_forward_backward_s: float = 0.0
     compile_layers_s: float = 0.0
+    layer_programs: int = 0
+    profile: LayerProfile | None = None  # where the per-layer figures came from a profile
     peak_bytes: int = 0
     peak_source: str = ""
     seeded: str = "loss"
@@ -123,9 +128,11 @@ def _peak(programs: list[Any]) -> tuple[int, str]:
 
 def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer: bool = True,
              seed: int = 0, on_layer: Callable[[LayerTime], None] | None = None,
-             ) -> NetTimes:  # fmt: skip
-    """Per-layer (first; each reported to ``on_layer`` as soon as it is timed) and fused
-    forward/backward times of ``model`` on ``inputs``."""
+             profile: Path | None = None, perfetto: bool = False) -> NetTimes:  # fmt: skip
+    """Per-layer (each reported to ``on_layer`` as soon as it is timed) and fused
+    forward/backward times of ``model`` on ``inputs``. ``per_layer``: from compiled per-layer
+    programs (Caffe's own per-layer figures); else, with a ``profile`` folder, from one
+    profile of the fused forward-backward program written there (:mod:`.profiling`)."""
     model = with_backward(model)
     graph = model.graph
     params, state = model.init(seed)
@@ -145,12 +152,31 @@ def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer
         return {name: blobs[name] for name in model.outputs}
 
     fwd, out.trace_forward_s, out.compile_forward_s = compiled(outputs, params, state, inputs)
-    fb, out.trace_forward_backward_s, out.compile_forward_backward_s = compiled(
-        jax.value_and_grad(loss), params, state, inputs)  # fmt: skip
+    with metadata_keyed(profile is not None):  # the profile reads the ops' scopes
+        fb, out.trace_forward_backward_s, out.compile_forward_backward_s = compiled(
+            jax.value_and_grad(loss), params, state, inputs)  # fmt: skip
     out.fused_forward_ms = timed(lambda: fwd(params, state, inputs), iterations)
     out.fused_forward_backward_ms = timed(lambda: fb(params, state, inputs), iterations)
     out.peak_bytes, out.peak_source = _peak([fwd, fb])
+    if profile is not None:
+        names = [c.key for c in graph.caffe_layers if not c.is_split]
+        out.profile = profile_program(fb, (params, state, inputs), iterations, profile, names,
+                                      perfetto)  # fmt: skip
+        if not per_layer:
+            out.layers = profiled_layers(graph, out.profile)
+            for layer in out.layers if on_layer is not None else ():
+                on_layer(layer)
     return out
+
+
+def profiled_layers(graph: Any, profile: LayerProfile) -> list[LayerTime]:
+    """Caffe's layers in order (splits included, sources not, as Caffe's time lists them),
+    each with the profile's forward and backward milliseconds (0 where XLA ran none of its
+    ops: a split, or a layer whose outputs the loss does not read)."""
+    return [LayerTime(c.name, profile.forward_ms.get(c.key, 0.0) if c.key else 0.0,
+                      profile.backward_ms.get(c.key, 0.0) if c.key else 0.0)
+            for c in graph.caffe_layers
+            if c.is_split or not graph.lowerings[c.key].source]  # fmt: skip
 
 
 def layer_signature(graph: Any, caffe: Any) -> Hashable:
