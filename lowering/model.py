@@ -18,6 +18,7 @@ import numpy as np
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.pipeline import NetSource, load_net
+from caffe2jax.lowering import python_class
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
@@ -137,6 +138,9 @@ class Model:
         else:
             self.graph = _Prefix([layer.name for layer in net.layers].index(upto), *args)
         self.upto = upto
+        # the shapes its class-style Python layers' tops had when it was built (a forward may
+        # reshape them: then a member of the same input shapes is built for the new ones)
+        self._python_tops = python_class.built_tops(self.graph.net)
         self._family: ShapeCache | None = None
         self._compiled: dict[str, Any] = {}
         # compiled programs callers keep for this member (dropped with it from the family)
@@ -221,13 +225,31 @@ class Model:
         ``ForwardFromTo(…, upto)`` reshapes only the layers it runs."""
         shapes = {**self.inputs, **{k: tuple(int(d) for d in v) for k, v in input_shapes.items()}}
         key = (tuple(sorted(shapes.items())), upto)
-        return self.family().get(key, lambda: self._member(shapes, upto))
+        family = self.family()
+        found = family.find(lambda sig, model: sig[:2] == key and model.is_current())
+        if found is None:
+            found = self._member(shapes, upto)
+            family.get(found.signature, lambda: found)
+        return found
+
+    @property
+    def runs_python_layers(self) -> bool:
+        """Whether class-style Python layers run in its programs: a forward of theirs may
+        reshape their tops, and the pass then runs again, so its inputs must stay alive (a
+        caller donates no buffer to such a program)."""
+        return bool(self._python_tops)
+
+    def is_current(self) -> bool:
+        """Whether its Python layers' tops still have the shapes it was built for (a Python
+        layer may reshape its tops in ``forward``, as in Caffe: then :meth:`reshape` with the
+        same input shapes gives the member for the new ones)."""
+        return python_class.is_current(self._python_tops)
 
     def family(self) -> ShapeCache:
         """The models of this net by shape signature (this one included)."""
         if self._family is None:
             self._family = ShapeCache(f"net '{self.net.name}'")
-            self._family.put((tuple(sorted(self.inputs.items())), self.upto), self)
+            self._family.put(self.signature, self)
         return self._family
 
     def _member(self, shapes: Mapping[str, tuple[int, ...]], upto: str | None) -> Model:
@@ -242,8 +264,10 @@ class Model:
 
     @property
     def signature(self) -> Hashable:
-        """The input shapes this model was built for (the key of its family)."""
-        return tuple(sorted(self.inputs.items())), self.upto
+        """The input shapes this model was built for, ``upto``, and its Python layers' top
+        shapes (the key of its family)."""
+        tops = tuple((bound.name, bottoms, tops) for bound, bottoms, tops in self._python_tops)
+        return tuple(sorted(self.inputs.items())), self.upto, tops
 
 
 def _host_arrays(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,14 +1,25 @@
-"""The host blobs a class-style Python layer sees: pycaffe's ``caffe.Layer`` base class, its
-numpy ``bottom``/``top`` blobs and ``self.blobs`` (see :mod:`caffe2jax.lowering.python_class`)."""
+"""The host side a class-style Python layer shares with its callers: pycaffe's ``caffe.Layer``
+base class, its numpy ``bottom``/``top`` blobs and ``self.blobs`` (see
+:mod:`caffe2jax.lowering.python_class`), and the passes its forward runs in: the errors it
+raises, named in one line, and :func:`retrace`, which runs a pass again at the shapes a forward
+gave its tops (Caffe lets a layer reshape its tops in ``Forward``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import jax
 import numpy as np
 
+from caffe2jax.frontend.errors import CaffeError, NetError
 from caffe2jax.frontend.phase import TRAIN
+
+T = TypeVar("T")
 
 
 class HostBlob:
@@ -76,3 +87,149 @@ class Layer:
 
     def reshape(self, bottom: list[HostBlob], top: list[HostBlob]) -> None:
         """Give the tops their shapes (called before every forward, as Caffe does)."""
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class PythonLayerError(NetError):
+    """A Python layer's own code failed (in ``setup``, ``reshape``, ``forward`` or
+    ``backward``): one line naming the layer, its module and class, and the Python error; the
+    user's exception is its ``__cause__``. Raised as a subclass of the user's exception type
+    too where Python allows it, so a script's ``except KeyError`` still catches it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def layer_error(err: BaseException, layer: str, instance: Any, where: str) -> BaseException:
+    """``err`` (raised by a Python layer's ``where`` method) as a :class:`PythonLayerError`
+    naming the layer ``layer``, its module and class; caffe2jax's own errors stay as they
+    are."""
+    if isinstance(err, CaffeError) or not isinstance(err, Exception):
+        return err
+    kind = type(instance)
+    message = (f"Python layer '{layer}' ({kind.__module__}.{kind.__qualname__}) {where}: "
+               f"{type(err).__name__}: {err}")  # fmt: skip
+    try:
+        both = type(type(err).__name__, (PythonLayerError, type(err)),
+                    {"__module__": type(err).__module__})  # fmt: skip
+        wrapped = both.__new__(both)
+        CaffeError.__init__(wrapped, message)
+        wrapped.__dict__.update(getattr(err, "__dict__", {}))
+    except TypeError:  # a type Python cannot mix in (instance layout, final classes)
+        wrapped = PythonLayerError(message)
+    wrapped.__cause__ = err
+    return wrapped.with_traceback(err.__traceback__)
+
+
+_errors_lock = threading.Lock()
+_last_error: tuple[BaseException, BaseException] | None = None
+
+
+def record_error(err: BaseException, wrapped: BaseException) -> None:
+    """Remember what a callback raised (``err``) and what its caller is to see (``wrapped``)."""
+    global _last_error
+    with _errors_lock:
+        _last_error = (err, wrapped)
+
+
+def _take_error(message: str) -> BaseException | None:
+    """The recorded error if ``message`` (a JaxRuntimeError's) is about it."""
+    global _last_error
+    with _errors_lock:
+        entry, _last_error = _last_error, None
+    if entry is not None and f"{type(entry[0]).__name__}: {entry[0]}".strip() in message:
+        return entry[1]
+    return None
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Re-raise what a Python layer's code raised inside a compiled call (JAX reports it as a
+    JaxRuntimeError) as its :class:`PythonLayerError`, the user's traceback kept."""
+    try:
+        yield
+    except (jax.errors.JaxRuntimeError, ValueError) as err:  # a first call's comes as ValueError
+        if isinstance(err, CaffeError):
+            raise
+        original = _take_error(str(err))
+        if original is None:
+            raise
+        raise original.with_traceback(original.__traceback__) from original.__cause__
+
+
+def settle(net: Any, tree: Any) -> Any:
+    """Wait for ``tree``'s arrays when ``net`` has Python layers. A GPU returns from a compiled
+    call before it has run, so a layer's exception would otherwise surface at whichever later
+    read waits first; waiting inside :func:`user_errors` raises it from the call that ran it."""
+    if any(layer.type == "Python" for layer in net.layers):
+        jax.block_until_ready(tree)
+    return tree
+
+
+# -- passes -------------------------------------------------------------------------------------
+
+
+class TopsReshaped(NetError):
+    """A Python layer's forward gave its tops other shapes than the program running it was
+    compiled for. Inside :func:`retrace` the pass runs again at the new shapes; elsewhere
+    (a program the user jitted) it is this one-line error."""
+
+
+@dataclass
+class _Passes:
+    serial: int = 0  # the pass :func:`retrace` runs now (records of older ones are stale)
+    depth: int = 0
+    replay: bool = False  # running a pass again: layers that ran already give back their tops
+
+
+class _Reported(logging.Filter):
+    """JAX logs every failed callback with its traceback; a Python layer's errors reach the
+    caller whole (:func:`user_errors`; a :class:`TopsReshaped` is no failure: the pass runs
+    again), so their records are dropped (no traceback on the CLI's stderr)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], CaffeError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_Reported())
+_passes = _Passes()
+_passes_lock = threading.Lock()
+MAX_RETRACES = 8
+
+
+def current_pass() -> tuple[int, bool] | None:
+    """``(serial, replay)`` of the pass :func:`retrace` runs now, None outside one."""
+    with _passes_lock:
+        return (_passes.serial, _passes.replay) if _passes.depth else None
+
+
+def retrace(run: Callable[[], T], *, again: bool = False) -> T:
+    """``run()`` (which picks the program for the current shapes each time it is called),
+    again while a Python layer's forward gives its tops new shapes (:class:`TopsReshaped`):
+    Caffe's layers after it see the new shapes. Each layer's forward runs once per pass: in
+    a run again, a Python layer given the same inputs returns what it computed (its
+    attributes as that forward left them), so a random draw or a counter is not repeated.
+    User errors come out as :func:`user_errors` makes them. ``again``: ``run`` computes the
+    last pass again (a blob read later, a backward after it): its layers give back what they
+    gave then."""
+    with _passes_lock:
+        if not _passes.depth:
+            _passes.serial += 0 if again else 1
+            _passes.replay = again
+        _passes.depth += 1
+    try:
+        for attempt in range(MAX_RETRACES):
+            try:
+                with user_errors():
+                    return run()
+            except TopsReshaped:
+                if attempt == MAX_RETRACES - 1:
+                    raise
+                with _passes_lock:
+                    _passes.replay = True
+        raise AssertionError("unreachable")
+    finally:
+        with _passes_lock:
+            _passes.depth -= 1

@@ -3,11 +3,13 @@
 As Caffe does, ``python_param.module`` is imported from ``sys.path`` and the class
 ``python_param.layer`` is instantiated with the LayerParameter; ``self.param_str`` (also as
 ``self.param_str_``, old pycaffe's name, which py-faster-rcnn's layers read),
-``self.phase`` (Caffe's Phase enum: ``TRAIN == 0``, ``str()`` ``'TRAIN'``) and ``self.blobs``
-are set before ``setup(bottom, top)``,
-then ``reshape(bottom, top)`` fixes the top shapes. This happens when the net is compiled
-(once per input shape): shapes in a compiled program cannot change later, so a ``reshape``
-that changes a top's shape during training is refused with the layer's name.
+``self.phase`` (Caffe's Phase enum: ``str()`` ``'TRAIN'``) and ``self.blobs`` are set before
+``setup(bottom, top)``; ``reshape(bottom, top)`` gives the top shapes the net is compiled for.
+A later ``reshape`` or ``forward`` may give other shapes (py-faster-rcnn's proposal layer
+knows its count only after NMS): the callback raises :class:`TopsReshaped`, the tops take the
+new shapes (``_Bound.top_shapes``; :func:`is_current`), and the runtime's :func:`retrace` runs
+the pass again with the program of those shapes (one per shape signature, kept in the model's
+bounded family), the layer's forward not run twice.
 
 Inside the compiled program the layer runs on the host through JAX callbacks, with numpy
 ``bottom``/``top`` blobs (``.data``, ``.diff``, ``.reshape``, ``.num`` …):
@@ -25,18 +27,18 @@ Inside the compiled program the layer runs on the host through JAX callbacks, wi
 ``self.blobs`` (``add_blob(*shape)`` in ``setup``) become the layer's learnable params: their
 values after ``setup`` are the initial values, the solver updates them, and ``backward``'s
 ``self.blobs[i].diff`` is their gradient. Exceptions raised by the layer's code surface as a
-``JaxRuntimeError`` from the compiled call; :func:`user_errors` turns that back into the
-user's own exception (type, message and traceback).
+``JaxRuntimeError`` from the compiled call; :func:`user_errors` turns that into one line
+naming the layer, its module and class and the error (a ``PythonLayerError``, also of the
+user's exception type; the user's exception is its cause, traceback kept).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +50,17 @@ from jax.experimental import io_callback
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.phase import Phase
-from caffe2jax.lowering.python_blobs import BlobVec, HostBlob
+from caffe2jax.lowering.python_blobs import (  # noqa: F401 - user_errors, retrace: callers'
+    BlobVec,
+    HostBlob,
+    TopsReshaped,
+    current_pass,
+    layer_error,
+    record_error,
+    retrace,
+    settle,
+    user_errors,
+)
 from caffe2jax.lowering.registry import ParamDecl, Shape
 
 SNAPSHOTS_KEPT = 64
@@ -64,48 +76,7 @@ class _ArrayFiller:
     sparse: int = -1
 
 
-# -- exceptions ---------------------------------------------------------------------------------
-
-_errors_lock = threading.Lock()
-_last_error: BaseException | None = None
-
-
-def _record(err: BaseException) -> None:
-    global _last_error
-    with _errors_lock:
-        _last_error = err
-
-
-def _take_error(message: str) -> BaseException | None:
-    """The recorded user exception if ``message`` (a JaxRuntimeError's) is about it."""
-    global _last_error
-    with _errors_lock:
-        err, _last_error = _last_error, None
-    if err is not None and f"{type(err).__name__}: {err}".strip() in message:
-        return err
-    return None
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Re-raise the exception a Python layer's own code raised inside a compiled call with
-    its own type, message and traceback (JAX reports it as a JaxRuntimeError)."""
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as err:
-        original = _take_error(str(err))
-        if original is None:
-            raise
-        raise original.with_traceback(original.__traceback__) from None
-
-
-def settle(net: ir.Net, tree: Any) -> Any:
-    """Wait for ``tree``'s arrays when ``net`` has Python layers. A GPU returns from a compiled
-    call before it has run, so a layer's exception would otherwise surface at whichever later
-    read waits first; waiting inside :func:`user_errors` raises it from the call that ran it."""
-    if any(layer.type == "Python" for layer in net.layers):
-        jax.block_until_ready(tree)
-    return tree
+# -- exceptions and passes: lowering/python_blobs.py (user_errors, retrace, settle) -----------
 
 
 # -- one instance per compiled layer ------------------------------------------------------------
@@ -124,9 +95,29 @@ class _Bound:
     serial: int = 0
     holds: int = 0  # the forward whose attributes the instance holds now
     snapshots: OrderedDict = field(default_factory=OrderedDict)
+    records: list = field(default_factory=list)  # its forwards in a pass of :func:`retrace`
+
+    @property
+    def named(self) -> str:
+        kind = type(self.instance)
+        return f"Python layer '{self.name}' ({kind.__module__}.{kind.__qualname__})"
 
     def fail(self, problem: str) -> NetError:
-        return NetError(f"Python layer '{self.name}': {problem}")
+        return NetError(f"{self.named}: {problem}")
+
+
+@dataclass
+class _Record:
+    """A forward run inside a pass: what it read and gave, for the pass run again."""
+
+    serial: int
+    inputs: list[np.ndarray]  # params then bottoms
+    tops: list[np.ndarray]
+    attributes: dict[str, Any]
+
+    def same_inputs(self, serial: int, inputs: Sequence[Any]) -> bool:
+        same = len(inputs) == len(self.inputs) and serial == self.serial
+        return same and all(np.array_equal(a, b) for a, b in zip(self.inputs, inputs))
 
 
 _BOUND: dict[int, tuple[weakref.ref, _Bound]] = {}
@@ -168,16 +159,24 @@ def bind(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> _Bound:
         instance = _make_instance(layer)
         bound = _Bound(instance, layer.name, [HostBlob(s) for s in shapes],
                        [HostBlob() for _ in layer.tops])  # fmt: skip
-        instance.setup(bound.bottom, bound.top)
+        _calling(bound, "setup", instance.setup, bound.bottom, bound.top)
         key = id(layer)
         _BOUND[key] = (weakref.ref(layer, _forget(key)), bound)
     if shapes not in bound.top_shapes:
         for blob, shape in zip(bound.bottom, shapes):
             if blob.shape != shape:
                 blob.reshape(*shape)
-        bound.instance.reshape(bound.bottom, bound.top)
+        _calling(bound, "reshape", bound.instance.reshape, bound.bottom, bound.top)
         bound.top_shapes[shapes] = tuple(t.shape for t in bound.top)
     return bound
+
+
+def _calling(bound: _Bound, where: str, method, *args) -> None:
+    """``method(*args)`` of the user's layer; its exception named (:func:`layer_error`)."""
+    try:
+        method(*args)
+    except Exception as err:  # noqa: BLE001 - the user's code: named, their error its cause
+        raise layer_error(err, bound.name, bound.instance, where) from err
 
 
 def instance_of(layer: ir.Layer) -> Any:
@@ -187,6 +186,26 @@ def instance_of(layer: ir.Layer) -> Any:
     return entry[1].instance if entry is not None and entry[0]() is layer else None
 
 
+def built_tops(net: ir.Net) -> tuple[tuple[Any, Shape, tuple[Shape, ...]], ...]:
+    """For each class-style Python layer of ``net`` (a net with shapes) that is bound: (its
+    :class:`_Bound`, its bottom shapes, the top shapes ``net`` was built with)."""
+    out = []
+    shapes = net.shapes
+    for layer in net.layers:
+        entry = _BOUND.get(id(layer))
+        if entry is None or entry[0]() is not layer or layer.tops[0] not in shapes:
+            continue
+        bottoms = tuple(tuple(shapes[b]) for b in layer.bottoms)
+        out.append((entry[1], bottoms, tuple(tuple(shapes[t]) for t in layer.tops)))
+    return tuple(out)
+
+
+def is_current(built: Sequence[tuple[Any, Shape, tuple[Shape, ...]]]) -> bool:
+    """Whether each layer of ``built`` still gives its tops the shapes a net was built with
+    (a forward since may have reshaped them: :class:`TopsReshaped`)."""
+    return all(bound.top_shapes.get(bottoms) == tops for bound, bottoms, tops in built)
+
+
 def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
     """The layer's ``self.blobs`` as param declarations, initialised to their values."""
     bound = bind(layer, bottom_shapes)
@@ -194,54 +213,6 @@ def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
         ParamDecl(blob.shape, _ArrayFiller(np.array(blob.data, np.float32)))
         for blob in bound.instance.blobs
     ]
-
-
-class HostDataLayer:
-    """A class-style Python layer with neither bottoms nor blobs (a data layer), run on the
-    host as Caffe runs it in each forward, before the compiled program: ``reshape`` then
-    ``forward``; its tops enter the program as inputs, so their shapes may change from one
-    forward to the next (the program for each shape is compiled once).
-
-    ``tops`` are the blobs handed to the layer: :class:`HostBlob` s, or the net's own blobs
-    (pycaffe's ``net.blobs``, :meth:`use_tops`), so a top keeps what a script wrote into it
-    until the layer writes it, as in Caffe."""
-
-    def __init__(self, layer: ir.Layer, bound: _Bound):
-        self.layer = layer
-        self.instance = bound.instance
-        self.tops: list[Any] = list(bound.top)
-
-    @property
-    def name(self) -> str:
-        return self.layer.name
-
-    def shapes(self) -> dict[str, Shape]:
-        """The tops' current shapes by blob name."""
-        return {name: tuple(top.shape) for name, top in zip(self.layer.top_names, self.tops)}
-
-    def use_tops(self, tops: Sequence[Any]) -> None:
-        """Hand the layer these blobs as its tops from now on (their shapes taken from the
-        current tops)."""
-        for new, old in zip(tops, self.tops):
-            if tuple(new.shape) != tuple(old.shape):
-                new.reshape(*old.shape)
-        self.tops = list(tops)
-
-    def forward(self) -> dict[str, np.ndarray]:
-        """Caffe's Layer::Forward of a data layer: ``reshape`` then ``forward``; a copy of
-        each top by blob name."""
-        self.instance.reshape([], self.tops)
-        self.instance.forward([], self.tops)
-        return {name: np.array(top.data, copy=True)
-                for name, top in zip(self.layer.top_names, self.tops)}  # fmt: skip
-
-
-def host_data_layer(layer: ir.Layer) -> HostDataLayer | None:
-    """``layer`` (a class-style Python layer without bottoms), set up as Caffe's Net::Init
-    does (``setup`` and ``reshape``), as a :class:`HostDataLayer`; None when its ``setup``
-    added blobs (then it stays a layer of the compiled program, with the same instance)."""
-    bound = bind(layer, [])
-    return None if len(bound.instance.blobs) else HostDataLayer(layer, bound)
 
 
 # -- callbacks ----------------------------------------------------------------------------------
@@ -261,22 +232,62 @@ def _load(blobs: Sequence[HostBlob], values: Sequence[Any]) -> None:
         blob.diff[...] = 0
 
 
+def _forward_once(bound: _Bound, inputs: list[Any], n_params: int) -> tuple[list, bool]:
+    """The layer's tops for ``inputs`` (params then bottoms): Caffe's Layer::Forward
+    (``reshape`` then ``forward``), or, in a pass :func:`retrace` runs again, what its forward
+    of that pass gave for the same inputs (its attributes as that forward left them); whether
+    they were given back."""
+    inst, now = bound.instance, current_pass()
+    if now is not None and now[1]:
+        for record in bound.records:
+            if record.same_inputs(now[0], inputs):
+                vars(inst).update(_copied(record.attributes))
+                return record.tops, True
+    _load(inst.blobs, inputs[:n_params])
+    _load(bound.bottom, inputs[n_params:])
+    _calling(bound, "reshape", inst.reshape, bound.bottom, bound.top)
+    _calling(bound, "forward", inst.forward, bound.bottom, bound.top)
+    tops = [np.array(t.data, copy=True) for t in bound.top]
+    if now is not None:
+        if bound.records and bound.records[0].serial != now[0]:
+            bound.records = []
+        bound.records.append(_Record(now[0], [np.array(x, copy=True) for x in inputs], tops,
+                                     _copied(vars(inst))))  # fmt: skip
+    return tops, False
+
+
+def _check_tops(bound: _Bound, tops: list, bottom_shapes: tuple[Shape, ...],
+                expected: tuple[Shape, ...], replayed: bool) -> None:  # fmt: skip
+    """Tops of the shapes the program was compiled for; else the layer's tops take the new
+    shapes and :class:`TopsReshaped` asks for the pass to run again."""
+    got = tuple(tuple(t.shape) for t in tops)
+    if got == expected:
+        return
+    shown = f"{[list(s) for s in got]} (compiled for {[list(s) for s in expected]})"
+    if replayed:
+        raise bound.fail(
+            f"its forward gave tops of shapes {shown} from the same bottom shapes in one "
+            "program: the iter_size passes of one iteration must give the same top shapes "
+            "(set iter_size 1, or batch_size for the images in one pass)"
+        )
+    bound.top_shapes[bottom_shapes] = got
+    raise TopsReshaped(
+        f"{bound.named}: its forward reshaped its tops to {shown}; pycaffe, the CLI and the "
+        "solver compile the new shapes and run the pass again; a program compiled by hand "
+        "takes them from the model's reshape(model.inputs)"
+    )
+
+
 def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dtype, keep: bool):
-    """Host side of the forward: load params and bottoms, reshape, forward, read tops."""
+    """Host side of the forward: the tops of :func:`_forward_once`, checked, and the token of
+    this forward (its attributes kept for its backward)."""
     inst = bound.instance
     try:
         with bound.lock:
-            _load(inst.blobs, params)
-            _load(bound.bottom, bottoms)
-            inst.reshape(bound.bottom, bound.top)
-            got = tuple(t.shape for t in bound.top)
-            if got != expected:
-                raise bound.fail(
-                    f"reshape gave top shapes {[list(s) for s in got]} but the net was "
-                    f"compiled for {[list(s) for s in expected]}; top shapes must stay fixed"
-                )
-            inst.forward(bound.bottom, bound.top)
-            tops = [np.asarray(t.data, dtype).reshape(s) for t, s in zip(bound.top, expected)]
+            tops, replayed = _forward_once(bound, [*params, *bottoms], len(params))
+            sig = tuple(tuple(int(d) for d in np.shape(b)) for b in bottoms)
+            _check_tops(bound, tops, sig, expected, replayed)
+            tops = [np.asarray(t, dtype) for t in tops]
             bound.serial += 1
             bound.holds = bound.serial
             token = np.int32(bound.serial)
@@ -285,7 +296,7 @@ def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dt
                 while len(bound.snapshots) > SNAPSHOTS_KEPT:
                     bound.snapshots.popitem(last=False)
     except BaseException as err:
-        _record(err)
+        record_error(err, layer_error(err, bound.name, inst, "forward"))
         raise
     return tops, token
 
@@ -309,13 +320,13 @@ def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, 
             _load(bound.top, tops)
             for blob, diff in zip(bound.top, top_diffs):
                 blob.diff[...] = np.asarray(diff).reshape(blob.shape)
-            inst.backward(bound.top, list(need), bound.bottom)
+            _calling(bound, "backward", inst.backward, bound.top, list(need), bound.bottom)
             return (
                 [np.asarray(b.diff, dtype) for b in inst.blobs],
                 [np.asarray(b.diff, dtype) for b in bound.bottom],
             )
     except BaseException as err:
-        _record(err)
+        record_error(err, layer_error(err, bound.name, inst, "backward"))
         raise
 
 

@@ -40,10 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 from caffe2jax.frontend import environment, ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import python_class
+from caffe2jax.lowering.python_blobs import layer_error
 from caffe2jax.lowering.registry import Shape, load_families
 from caffe2jax.lowering.util import fail
 
@@ -237,10 +239,61 @@ def _as_data_layer(layer: ir.Layer, type_name: str) -> ir.Layer:
     return dataclasses.replace(layer, type=type_name, param=param)
 
 
-def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLayer]]:
+class HostDataLayer:
+    """A class-style Python layer with neither bottoms nor blobs (a data layer), run on the
+    host as Caffe runs it in each forward, before the compiled program: ``reshape`` then
+    ``forward``; its tops enter the program as inputs, so their shapes may change from one
+    forward to the next (the program for each shape is compiled once).
+
+    ``tops`` are the blobs handed to the layer: :class:`HostBlob` s, or the net's own blobs
+    (pycaffe's ``net.blobs``, :meth:`use_tops`), so a top keeps what a script wrote into it
+    until the layer writes it, as in Caffe."""
+
+    def __init__(self, layer: ir.Layer, bound: Any):
+        self.layer = layer
+        self.instance = bound.instance
+        self.tops: list[Any] = list(bound.top)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+    def shapes(self) -> dict[str, Shape]:
+        """The tops' current shapes by blob name."""
+        return {name: tuple(top.shape) for name, top in zip(self.layer.top_names, self.tops)}
+
+    def use_tops(self, tops: Sequence[Any]) -> None:
+        """Hand the layer these blobs as its tops from now on (their shapes taken from the
+        current tops)."""
+        for new, old in zip(tops, self.tops):
+            if tuple(new.shape) != tuple(old.shape):
+                new.reshape(*old.shape)
+        self.tops = list(tops)
+
+    def forward(self) -> dict[str, np.ndarray]:
+        """Caffe's Layer::Forward of a data layer: ``reshape`` then ``forward``; a copy of
+        each top by blob name."""
+        for where in ("reshape", "forward"):
+            try:
+                getattr(self.instance, where)([], self.tops)
+            except Exception as err:  # noqa: BLE001 - the user's code: named, its cause kept
+                raise layer_error(err, self.name, self.instance, where) from err
+        return {name: np.array(top.data, copy=True)
+                for name, top in zip(self.layer.top_names, self.tops)}  # fmt: skip
+
+
+def _host_data_layer(layer: ir.Layer) -> HostDataLayer | None:
+    """``layer`` (a class-style Python layer without bottoms), set up as Caffe's Net::Init
+    does (``setup`` and ``reshape``), as a :class:`HostDataLayer`; None when its ``setup``
+    added blobs (then it stays a layer of the compiled program, with the same instance)."""
+    bound = python_class.bind(layer, [])
+    return None if len(bound.instance.blobs) else HostDataLayer(layer, bound)
+
+
+def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[HostDataLayer]]:
     """The class-style Python layers of ``net`` that have neither bottoms nor blobs (data
     layers such as a file reader, or a top a script fills by hand) as
-    :class:`~caffe2jax.lowering.python_class.HostDataLayer` s, and ``net`` with each of them
+    :class:`HostDataLayer` s, and ``net`` with each of them
     an ``Input`` layer: the runtime runs them on the host before each forward, as Caffe runs
     a data layer, and feeds their tops. Layers with a registered JAX function stay."""
     hosts, layers = [], []
@@ -253,7 +306,7 @@ def host_data_layers(net: ir.Net) -> tuple[ir.Net, list[python_class.HostDataLay
             layers.append(_as_data_layer(layer, stands_in))
             continue
         if layer.type == "Python" and not layer.bottoms and registered(layer) is None:
-            host = class_style(layer, lambda layer: python_class.host_data_layer(layer))
+            host = class_style(layer, _host_data_layer)
         if host is None:
             layers.append(layer)
             continue

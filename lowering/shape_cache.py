@@ -46,6 +46,15 @@ class ShapeCache:
         self._entries.move_to_end(key)
         self._evict()
 
+    def find(self, match: Callable[[Hashable, Any], bool]) -> Any:
+        """The first value ``match(key, value)`` accepts (now the most recently used), None."""
+        for key, value in self._entries.items():
+            if match(key, value):
+                self._new_in_a_row = 0
+                self._entries.move_to_end(key)
+                return value
+        return None
+
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The value for ``key``, built by ``build()`` on first use."""
         if key in self._entries:

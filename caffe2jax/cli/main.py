@@ -57,6 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def caffe_for_python_layers() -> None:
+    """Python layers' modules ``import caffe`` as they do under Caffe's own tools: where no
+    other ``caffe`` is importable, caffe2jax is it (:func:`caffe2jax.install_as_caffe`)."""
+    import importlib.util
+
+    import caffe2jax
+
+    if "caffe" not in sys.modules and importlib.util.find_spec("caffe") is None:
+        caffe2jax.install_as_caffe()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -64,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     configure_jax(compile_cache=not args.no_compile_cache)
+    caffe_for_python_layers()
     try:
         prepare_fork(args)
         return int(args.func(args) or 0)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from caffe2jax.lowering import ranges
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.python_blobs import retrace, settle
 
 EVERY_BLOB = None  # ``returned`` for a forward that returns every blob version
 
@@ -87,14 +88,16 @@ def pass_values(model: Model, record: Any, outputs: Mapping[str, Any],
     def data(version: str) -> Any:
         if "out" not in cache:
             run = replay(model, 0, hi, keep_host=True)
-            cache["out"] = run(record.params, record.state, env(), record.rng)[0]
+            args = (record.params, record.state, env(), record.rng)
+            cache["out"] = retrace(lambda: settle(model.net, run(*args)[0]), again=True)
         return cache["out"][version]
 
     def diff(name: str) -> Any:
         plan_, fn = backward(model, 0, hi)
         if "diffs" not in cache:
             seeds = {n: seed_diffs(n) for _, n in plan_.seeds}
-            cache["diffs"] = fn(record.params, record.state, env(), record.rng, seeds)[0]
+            args = (record.params, record.state, env(), record.rng, seeds)
+            cache["diffs"] = retrace(lambda: settle(model.net, fn(*args)[0]), again=True)
         return cache["diffs"][name]
 
     return data, diff

@@ -24,7 +24,7 @@ import jax
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering import ranges
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_class import settle
+from caffe2jax.lowering.python_blobs import retrace, settle
 from caffe2jax.lowering.registry import data_layers
 from caffe2jax.pycaffe import programs
 
@@ -79,7 +79,7 @@ class Runner:
         net's when every layer takes them, else one whose shapes stop after ``hi``."""
         current, base = self.model, self.compiled.model
         shapes = {n: self.blobs[n].shape for n in base.inputs}
-        if current.inputs == shapes and self._reaches(current, hi):
+        if current.inputs == shapes and self._reaches(current, hi) and current.is_current():
             return current
         signature = tuple(sorted(shapes.items()))
         if signature not in self._whole_fails:
@@ -117,7 +117,12 @@ class Runner:
     # -- ForwardFromTo ------------------------------------------------------------------------
 
     def forward(self, lo: int, hi: int, wanted: list[str]) -> None:
-        """Run layers ``lo``..``hi``; ``wanted`` are the blobs the call returns."""
+        """Run layers ``lo``..``hi``; ``wanted`` are the blobs the call returns. A Python
+        layer that reshapes its tops in ``forward`` has the range run again at the new shapes
+        (:func:`~caffe2jax.lowering.python_blobs.retrace`)."""
+        retrace(lambda: self._forward(lo, hi, wanted))
+
+    def _forward(self, lo: int, hi: int, wanted: list[str]) -> None:
         self.model = model = self.member(hi)
         writes = self.structure.writes(lo, hi)
         blobs = self.blobs
@@ -170,7 +175,8 @@ class Runner:
         if record.every is None:
             self.wide = True
             run = programs.replay(record.model, record.lo, record.hi)
-            record.every = run(record.params, record.state, record.env, record.rng)[0]
+            args = (record.params, record.state, record.env, record.rng)
+            record.every = retrace(lambda: settle(record.model.net, run(*args)[0]), again=True)
         return record.every
 
     # -- BackwardFromTo -----------------------------------------------------------------------
@@ -192,8 +198,8 @@ class Runner:
             state, rng = record.state, record.rng
         env = {v: self.blobs[name].device_data() for v, name in plan.external}
         top_diffs = {name: self.blobs[name].device_diff() for _, name in plan.seeds}
-        diffs, grads, _ = fn(params, state, env, rng, top_diffs)
-        settle(model.net, (diffs, grads))
+        diffs, grads, _ = retrace(lambda: settle(model.net, fn(params, state, env, rng, top_diffs)),
+                                  again=record is not None)  # fmt: skip
         for name, value in diffs.items():
             self.blobs[name].set_diff(value)
         self.params.add_diffs(grads, ranges.param_mask(model.graph, lo, hi))

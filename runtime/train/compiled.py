@@ -16,8 +16,7 @@ import numpy as np
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.frontend.pipeline import load_net
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_class import HostDataLayer
-from caffe2jax.lowering.python_layer import host_data_layers
+from caffe2jax.lowering.python_layer import HostDataLayer, host_data_layers
 from caffe2jax.lowering.registry import type_problem
 from caffe2jax.runtime.data.feeding import Feeder, Sinks
 
@@ -72,7 +71,7 @@ class CompiledNet:
         model = self.model
         given = model.inputs
         shapes = {k: tuple(np.shape(v)) for k, v in inputs.items() if k in given}
-        if all(given[k] == s for k, s in shapes.items()):
+        if all(given[k] == s for k, s in shapes.items()) and model.is_current():
             return model
         return model.reshape(shapes)
 

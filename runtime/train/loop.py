@@ -9,6 +9,7 @@ and Caffe's signal actions (stop / snapshot, checked between iterations).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ import numpy as np
 from caffe2jax.frontend import caffe_pb2, ir
 from caffe2jax.frontend.errors import SolverError
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_class import settle, user_errors
+from caffe2jax.lowering.python_blobs import retrace, settle, user_errors
 from caffe2jax.lowering.registry import NetState, carry_of, data_layers
 from caffe2jax.runtime.formats.atomic import remove_stale_temps
 from caffe2jax.runtime.formats.snapshot import resume_path
@@ -196,10 +197,7 @@ class SolverLoop:
             display = p.display and iteration % p.display == 0
             if display:
                 lr = float(solvers.current_lr(p, self.ts.opt_state))
-            self.ts, loss, self.last_outputs, self.last_pass = train_step(
-                self.trainer, self.ts, self._passes(fill)
-            )
-            settle(self.train.model.net, (loss, self.ts.params))
+            self.ts, loss, self.last_outputs, self.last_pass = self._train_step(fill)
             for callback in self.on_gradients_ready:
                 callback()
             self._pending.append((iteration, loss))
@@ -221,6 +219,17 @@ class SolverLoop:
                 self.snapshot()
         # the losses are folded into the smoothed loss when it is read: waiting for them here
         # would stall a step(1) loop on every call
+
+    def _train_step(self, fill: Callable[[dict], dict] | None) -> tuple:
+        """One iteration on the next batches; run again at the new shapes when a Python layer
+        reshapes its tops in forward (the batches are read once)."""
+        passes = self._passes(fill)
+
+        def run() -> tuple:
+            out = train_step(self.trainer, self.ts, passes)
+            return settle(self.train.model.net, out)
+
+        return retrace(run)
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Caffe's Solver::Solve: optionally restore, train to max_iter, snapshot, last test."""
@@ -259,10 +268,15 @@ class SolverLoop:
             self.ts = self.ts.replace(state=state)
             return float(np.asarray(objective)[0])
         inputs = self._passes(None)[0]
-        model = self.train.member(inputs)
-        blobs, state = model.apply(self.ts.params, self.ts.state, inputs, rng)
+
+        def run() -> tuple:
+            model = self.train.member(inputs)
+            blobs, state = model.apply(self.ts.params, self.ts.state, inputs, rng)
+            return settle(model.net, (model.graph.objective(blobs), state))
+
+        objective, state = retrace(run)
         self.ts = self.ts.replace(state=state)
-        return float(model.graph.objective(blobs))
+        return float(objective)
 
     # -- testing ----------------------------------------------------------------------------
 
@@ -272,6 +286,11 @@ class SolverLoop:
             return model.apply(params, state, inputs, rng)
 
         return forward
+
+    def _test_forward_on(self, net: CompiledNet, params, state, inputs, rng) -> tuple:
+        """A test net's forward on ``inputs`` (the program of their shapes)."""
+        forward = net.program("test", inputs, lambda m: jax.jit(self._forward_fn(m)))
+        return settle(net.model.net, forward(params, state, inputs, rng))
 
     def test_params(self, index: int) -> tuple[dict, dict]:
         """The test net's params and state with the train net's shared in (by layer name)."""
@@ -310,8 +329,8 @@ class SolverLoop:
                 return {}
             net.key, rng = jax.random.split(net.key)
             inputs = net.next_inputs()
-            forward = net.program("test", inputs, lambda m: jax.jit(self._forward_fn(m)))
-            blobs, state = forward(params, state, inputs, rng)
+            run = functools.partial(self._test_forward_on, net, params, state, inputs, rng)
+            blobs, state = retrace(run)
             net.sinks.write(blobs)
             if self.param.test_compute_loss:
                 loss += float(net.member(inputs).graph.objective(blobs))

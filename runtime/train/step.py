@@ -92,13 +92,15 @@ class Trainer:
         self.order = learnable_order(model)
         self.traces = 0
         # Only the optimizer state is donated: params and state may still be referenced by
-        # pycaffe Blobs (solver.net.params, test nets) after the step.
+        # pycaffe Blobs (solver.net.params, test nets) after the step; nothing when a Python
+        # layer may reshape its tops (the step then runs again on the same buffers).
+        self.donate = () if model.runs_python_layers else (2,)
         if mesh is None:
-            self._step = jax.jit(self._make_step(), donate_argnums=(2,))
+            self._step = jax.jit(self._make_step(), donate_argnums=self.donate)
         else:
             from caffe2jax.runtime.parallel.data_parallel import sharded_step
 
-            self._step = jax.jit(sharded_step(self, mesh), donate_argnums=(2,),
+            self._step = jax.jit(sharded_step(self, mesh), donate_argnums=self.donate,
                                  out_shardings=replicated(mesh))  # fmt: skip
         self._update = jax.jit(self.update)
 
@@ -218,14 +220,14 @@ class Trainer:
         home = models[-1]
         key = ("train_step", id(self), tuple(m.signature for m in models))
         if key not in home.programs:
-            home.programs[key] = jax.jit(self._make_step(models), donate_argnums=(2,))
+            home.programs[key] = jax.jit(self._make_step(models), donate_argnums=self.donate)
         return home.programs[key]
 
     def member(self, inputs: Mapping[str, Any]) -> Model:
         """The train model for the shapes of ``inputs`` (the net's own when they match)."""
         given = self.model.inputs
         shapes = {k: tuple(jnp.shape(v)) for k, v in inputs.items() if k in given}
-        if all(given[k] == s for k, s in shapes.items()):
+        if all(given[k] == s for k, s in shapes.items()) and self.model.is_current():
             return self.model
         return self.model.reshape(shapes)
 
