@@ -141,7 +141,8 @@ def _feed(solver, rng_seed: int) -> None:
     solver.net.blobs["y"].data[...] = x[:, :1] * 2 - x[:, 1:2]
 
 
-def test_snapshot_and_restore_mid_run_continue_exactly(tmp_path):
+def test_snapshot_and_restore_mid_run_continue_exactly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the solver's net path is relative to the cwd, as in Caffe
     (tmp_path / "net.prototxt").write_text(REGRESSION)
     (tmp_path / "solver.prototxt").write_text(
         'net: "net.prototxt" base_lr: 0.05 lr_policy: "step" stepsize: 3 gamma: 0.5 '
