@@ -20,6 +20,8 @@ corners **clipped to [0, 1]** (setNormalizedBBox), then SSD's JaccardOverlap (no
   (not halved, not divided by N); its Backward_cpu writes top_diff/N · delta into the bottom
   diff — **a hand-written rule, not the gradient of that loss**: a custom_vjp applies it.
   ``softmax_tree`` and ``class_map`` are not supported (said at compile time).
+* BoxData: encoded images and their boxes, read by the runtime's pipeline
+  (runtime/data/readers/box_data.py); tops data and one (N, 150) label per ``data_param.side``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jax import lax
 
 from caffe2jax.lowering.boxes.iou import SSD, iou, iou_row
 from caffe2jax.lowering.boxes.nms import compact, greedy_keep_rows
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import fail
 
@@ -226,3 +229,9 @@ def yolov2_region_loss(layer, params, bottoms, ctx: Context):
 @yolov2_region_loss.carry_shapes
 def _(layer, bottom_shapes):
     return [ParamDecl((1,))]
+
+
+@register("BoxData", counts=(0, 0, 2, None), source=True, feed="pipeline")
+def box_data(layer):
+    """gklz1982's BoxDataLayer: images and their boxes, shapes from the source."""
+    return from_source(layer)

@@ -109,7 +109,7 @@ def test_data_layers_are_registered_with_their_feed():
     }
     assert data_layers("memory") == ("MemoryData",)
     pipeline = {"Data", "ImageData", "HDF5Data", "WindowData", "DenseImageData",
-                "ImageSegData", "VideoData", "AnnotatedData", "RoIData"}  # fmt: skip
+                "ImageSegData", "VideoData", "AnnotatedData", "RoIData", "BoxData"}  # fmt: skip
     assert set(data_layers("pipeline")) == pipeline
     assert DATA_LAYERS["ImageSegData"].counts == (0, 0, 2, 3)
     for type_name, kind in DATA_LAYERS.items():
