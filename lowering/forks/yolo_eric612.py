@@ -105,15 +105,18 @@ def _truth_row(s_row, g_row, truth, cls, bias, i, j, p, classes):
 
 def region_delta(g, label, biases, p) -> jax.Array:
     """The fork's diff_ of the batch: g (N, S, num, len) raw, label (N, 300, 5)."""
-    n_img, cells, _, _ = g.shape
+    cells = g.shape[1]
     classes, side = p.num_class, p.side_
     s = _activated(g, classes)
     boxes = region_boxes(g, biases, side)
     delta = jax.vmap(lambda ss, bb, tt: _noobj(ss, bb, tt[:, 1:], p))(s, boxes, label)
-    valid = jnp.cumprod(label[:, :, 3] != 0, axis=1).astype(bool)  # `if (!w) break`
+    counts = jnp.sum(jnp.cumprod(label[:, :, 3] != 0, axis=1), axis=1)  # `if (!w) break`
+    ends = jnp.cumsum(counts)
 
     def step(k, d):
-        b, t = k // MAX_TRUTHS, k % MAX_TRUTHS
+        """The k-th truth read, over the batch's images in order (only those read)."""
+        b = jnp.searchsorted(ends, k, side="right")
+        t = k - (ends[b] - counts[b])
         truth, cls = label[b, t, 1:], label[b, t, 0].astype(jnp.int32)
         i = (truth[0] * side).astype(jnp.int32)
         j = (truth[1] * side).astype(jnp.int32)
@@ -122,9 +125,10 @@ def region_delta(g, label, biases, p) -> jax.Array:
         n, hit = _best_anchor(g[b, pos], truth, biases, p)
         bb, pp = jnp.where(hit, b, 0), jnp.where(hit, pos, 0)
         row = _truth_row(s[bb, pp, n], g[bb, pp, n], truth, cls, biases[n], fi, fj, p, classes)
-        return d.at[bb, pp, n].set(jnp.where(valid[b, t], row, d[bb, pp, n]))
+        return d.at[bb, pp, n].set(row)
 
-    return lax.fori_loop(0, n_img * MAX_TRUTHS, step, delta)
+    # as many steps as truths read (a few per image), not 300 per image
+    return lax.fori_loop(0, ends[-1], step, delta)
 
 
 @jax.custom_vjp

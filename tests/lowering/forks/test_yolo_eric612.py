@@ -156,8 +156,9 @@ def test_region_loss_value_and_the_forks_diff_as_gradient(rescore, bias_match, t
     value_and_grad of the jitted loss, for both ``rescore`` settings, anchors chosen by the
     biases' shapes or the predicted ones, and a ``thresh`` low enough that overlapping boxes
     lose their no-object delta; the label decides the port (300 × 5 per image: eric612's)
-    with no dialect given."""
-    x, label = RNG.standard_normal((2, 40, 3, 3)).astype(F), _labels()
+    with no dialect given. The middle image of three has no truth."""
+    label = np.concatenate([_labels()[:1], np.zeros((1, 1, 300, 5), F), _labels()[1:]])
+    x = RNG.standard_normal((3, 40, 3, 3)).astype(F)
     layer = _loss_layer(rescore=rescore, bias_match=bias_match, thresh=thresh)
     text = net(layer, {"x": x.shape, "label": label.shape})
     model = compile_net(text, phase="TRAIN")
@@ -170,10 +171,11 @@ def test_region_loss_value_and_the_forks_diff_as_gradient(rescore, bias_match, t
 
     value, grad = jitted.value_and_grad(loss)(jnp.asarray(x))
     want, diff = region_loss_loop(x, label, 5, 3, (5, 1, 1, 1, thresh, rescore, bias_match))
-    assert (diff.reshape(2, 5, 8, 9)[:, :, 4] == 0).any() == (thresh < 0.5)
+    assert (diff.reshape(3, 5, 8, 9)[:, :, 4] == 0).any() == (thresh < 0.5)
     assert float(value) == pytest.approx(0.5 * want, rel=1e-5)
+    assert np.abs(diff[1, :]).max() > 0 and np.abs(diff[2]).max() > 0
     # diff_ entries are products of four float32 factors; XLA fuses and reorders them
-    np.testing.assert_allclose(np.asarray(grad), 0.5 / 2 * diff, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), 0.5 / 3 * diff, rtol=2e-5, atol=1e-7)
 
 
 def _gklz_labels(n=2):

@@ -15,6 +15,7 @@ import pytest
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import DataError
+from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.data.base import plain
 from caffe2jax.runtime.data.prefetch import Prefetcher
 from caffe2jax.runtime.data.readers.box_data import jitter
@@ -293,6 +294,9 @@ def test_a_yolov2_net_trains_from_the_cli(tmp_path):
         records.append(box_datum(image, boxes))
     db = write_boxes(tmp_path / "train_lmdb", records)
     (tmp_path / "train.prototxt").write_text(yolov2_train_net(db))
+    shapes = {"data": (2, 3, 24, 24), "label": (2, 150)}
+    model = compile_net(tmp_path / "train.prototxt", phase="TRAIN", input_shapes=shapes)
+    assert model.net.dialect == "yolov2" and model.net.layer("region_loss").form == "yolov2"
     (tmp_path / "solver.prototxt").write_text(
         'net: "train.prototxt" base_lr: 0.001 lr_policy: "fixed" momentum: 0.9 max_iter: 12 '
         'display: 1 weight_decay: 0.0005 snapshot_prefix: "tiny" random_seed: 1\n'
