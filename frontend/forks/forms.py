@@ -54,7 +54,9 @@ DetectionOutput    ``yolov2``     gklz1982/caffe-yolov2's: one bottom, or YOLO's
                                   (side, num_box, coords, nms_threshold, biases,
                                   label_map_file) in ``detection_output_param``; ``""``: SSD's
 RegionLoss         ``yolov2``     gklz1982's (the yolov2 dialect without eric612's);
-                                  ``eric612``: MobileNet-YOLO's, a different loss (no lowering)
+                                  ``eric612``: MobileNet-YOLO's (dialect eric612 given);
+                                  ``""``: the text cannot tell (both ports declare the same
+                                  RegionLossParameter): the label's size decides when lowered
 PriorBox           ``faceboxes``  FaceBoxes: the net's dialect has FaceBoxes (its PriorBox takes
                                   SSD's fields: min sizes 32 / 64 densified to 4x4 / 2x2
                                   priors, side - 1 for the min-size boxes)
@@ -227,7 +229,11 @@ def _detection_output(param: Param, dialect: Dialect) -> str:
 
 
 def _region_loss(param: Param, dialect: Dialect) -> str:
-    return "yolov2" if dialect.has("yolov2") and not dialect.has("eric612") else "eric612"
+    if dialect.has("yolov2") and not dialect.has("eric612"):
+        return "yolov2"
+    if dialect.given and dialect.has("eric612") and not dialect.has("yolov2"):
+        return "eric612"
+    return ""  # lowering/forks/yolo_eric612.py: 30 (gklz1982) or 300 (eric612) truths
 
 
 # -- SSD-derived detectors (FaceBoxes, RefineDet, TextBoxes++): lowering/forks/{faceboxes,
@@ -302,7 +308,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "InnerProduct": ("", "happynear"),
     "CenterLoss": ("", "happynear"),
     "DetectionOutput": ("", "yolov2", "refinedet", "textboxes"),
-    "RegionLoss": ("yolov2", "eric612"),
+    "RegionLoss": ("", "yolov2", "eric612"),
     "PriorBox": ("", "faceboxes", "textboxes"),
     "MultiBoxLoss": ("", "refinedet", "textboxes"),
 }
