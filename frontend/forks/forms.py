@@ -67,7 +67,10 @@ DetectionOutput    ``refinedet``  RefineDet: 4 bottoms (+ arm_conf: ``objectness
 DetectionOutput    ``textboxes``  TextBoxes++: ``use_polygon`` set, or unset in a net of the
                                   TextBoxes++ dialect (its default is true: 12 locations per
                                   prior, rows of 15)
-MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc)
+MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc), or 4 with
+                                  ``objectness_score`` set or in a net of the RefineDet
+                                  dialect (the ARM's loss: labels >= 2 read as 1 with
+                                  num_classes 2)
 MultiBoxLoss       ``textboxes``  TextBoxes++: as DetectionOutput
 =================  =============  ============================================================
 
@@ -265,7 +268,11 @@ def _ssd_head(param: Param, dialect: Dialect, p, arm: int) -> str:
 
 
 def _multibox_loss(param: Param, dialect: Dialect) -> str:
-    return _ssd_head(param, dialect, param.multibox_loss_param, (5, 6))
+    p = param.multibox_loss_param
+    form = _ssd_head(param, dialect, p, (5, 6))
+    if not form and (p.HasField("objectness_score") or dialect.has("refinedet")):
+        return "refinedet"  # the ARM's 4-bottom loss: RefineDet's GetGroundTruth
+    return form
 
 
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
