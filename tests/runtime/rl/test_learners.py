@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.cli import main
+from caffe2jax.cli.main import main
 from caffe2jax.runtime.rl import learners, rule
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
