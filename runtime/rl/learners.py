@@ -13,7 +13,8 @@ elite episodes) and returns the new params and solver state.
   played the batch, the Fisher matrix and the KL bound are the current step's. The solver's
   own rule is not applied (TRPO's step is its update); its ``iter`` counts the steps. Params
   with ``lr_mult: 0`` stay fixed (the step is projected off them);
-* ``PPO``: :mod:`.ppo`'s epochs of minibatch updates, k times, through the solver. With a
+* ``PPO``: :mod:`.ppo`'s epochs of minibatch updates, k times, through the solver, each
+  minibatch evaluating only its own steps (gathered, :meth:`Learning.ppo_pass`). With a
   value head (``value_blob``) the advantage is ``R − V_old(s)`` — the discounted return less
   the value the params that played the batch give the step — standardised over the batch's
   real steps (zero on the elite filter's dropped episodes), and each minibatch's loss adds
@@ -136,7 +137,7 @@ class Learning:
             if s.value_blob:
                 adv = sur.batch_standardize(returns - values[..., 0], traj.mask) * elite
             fit = Fit(adv, logp_ref, returns)
-            one = lambda p, o: self.ppo_pass(heads, p, state, o, traj, fit)  # noqa: E731
+            one = lambda p, o: self.ppo_pass(p, state, o, traj, fit)  # noqa: E731
         else:
             raise ValueError("PG's multi-step runs in the trainer (MyCaffe's rule)")
         if s.steps == 1:
@@ -170,36 +171,47 @@ class Learning:
         found = trpo.line_search(objective, params, step, expected, rule)
         return found.params, bump_iter(opt_state)
 
-    def ppo_loss(
-        self, heads: Callable, traj: Trajectory, fit: Fit
-    ) -> Callable[[Params, jax.Array], jax.Array]:
-        """``(w, group mask) ↦`` PPO's minibatch loss: ``−clipped_surrogate``, plus
-        ``value_weight · mean((V − R)²)`` over the group's steps with a value head."""
+    def group_loss(
+        self, state: Params, rows: jax.Array, actions: jax.Array, fit: Fit, valid: jax.Array
+    ) -> Callable[[Params], jax.Array]:
+        """``w ↦`` PPO's loss on one minibatch, its steps gathered as ``rows`` (flat per-step
+        ``actions`` and ``fit``; ``valid`` 1 on the group's steps, 0 on filler):
+        ``−clipped_surrogate``, plus ``value_weight · mean((V − R)²)`` with a value head."""
         s, sig = self.settings, self.sigmoid
 
-        def loss(p: Params, group: jax.Array) -> jax.Array:
-            probs, values = heads(p)
-            logp = sur.log_prob(probs, traj.actions, sig)
-            total = -sur.clipped_surrogate(logp, fit.logp_ref, fit.advantage, group, s.clip)
+        def loss(p: Params) -> jax.Array:
+            out = chunked_rows(lambda r: self.forward(p, state, r), rows, s.chunk_rows)
+            logp = sur.log_prob(out[0], actions, sig)
+            total = -sur.clipped_surrogate(logp, fit.logp_ref, fit.advantage, valid, s.clip)
             if s.value_blob:
-                error = values[..., 0] - fit.returns
-                total = total + self.value_weight * sur.masked_mean(error * error, group)
+                error = out[1][:, 0] - fit.returns
+                total = total + self.value_weight * sur.masked_mean(error * error, valid)
             return total
 
         return loss
 
     def ppo_pass(
-        self, heads: Callable, params: Params, state: Params, opt_state: Any,
-        traj: Trajectory, fit: Fit,
-    ) -> tuple[Params, Any]:  # fmt: skip
-        """``epochs × minibatches`` solver updates on the clipped objective (:mod:`.ppo`)."""
+        self, params: Params, state: Params, opt_state: Any, traj: Trajectory, fit: Fit
+    ) -> tuple[Params, Any]:
+        """``epochs × minibatches`` solver updates on the clipped objective (:mod:`.ppo`),
+        each evaluating only its group's steps: gathered (in step order) into
+        ``⌈T·B / minibatches⌉`` rows, the largest a group can hold, the rest filler."""
         s = self.settings
-        loss = self.ppo_loss(heads, traj, fit)
+        rows, actions = rows_of(traj), traj.actions.reshape(-1)
+        flat = Fit(*(None if a is None else a.reshape(-1) for a in fit))
+        size = -(-traj.mask.size // s.minibatches)
+
+        def grads_of(p: Params, group: jax.Array) -> Params:
+            member = group.reshape(-1) > 0
+            idx = jnp.nonzero(member, size=size, fill_value=0)[0]
+            valid = (jnp.arange(size) < jnp.sum(member)).astype(group.dtype)
+            picked = Fit(*(None if a is None else a[idx] for a in flat))
+            return jax.grad(self.group_loss(state, rows[idx], actions[idx], picked, valid))(p)
 
         def apply(p: Params, o: Any, diff: Params) -> tuple[Params, Any]:
             return self.apply(p, state, o, diff)
 
         key = jax.random.fold_in(jax.random.key(self.seed), solvers.solver_state(opt_state).iter)
         return ppo.epochs_of_minibatches(
-            jax.grad(loss), apply, params, opt_state, traj.mask, key, s.epochs, s.minibatches
+            grads_of, apply, params, opt_state, traj.mask, key, s.epochs, s.minibatches
         )

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from caffe2jax.cli.main import main
-from caffe2jax.runtime.rl import learners, rule
+from caffe2jax.runtime.rl import learners, ppo, rule
+from caffe2jax.runtime.rl import surrogate as sur
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
 from tests.runtime.rl.test_rule import solver_text
@@ -137,6 +138,45 @@ def test_value_blob_is_ppos_only():
     net = linear_net("softmax") + "\n" + VALUE_HEAD
     with pytest.raises(RLError, match="value_blob \\('value'\\) is PPO's value baseline"):
         PolicyGradientTrainer(solver_text(net, rl), seed=0)
+
+
+def test_minibatches_gather_their_steps_as_the_masked_full_batch_would():
+    """PPO's minibatches evaluate only their group's steps (gathered rows): the trainer's
+    jitted update (2 epochs × 3 minibatches, value head) equals the same deal computed over
+    the whole batch with each group's mask. Sums over the group's steps run in another
+    order: rtol 1e-5."""
+    net = linear_net("softmax") + "\n" + VALUE_HEAD
+    rl = ('env: "cartpole-v1" batch_size: 3 update { type: "PPO" epochs: 2 minibatches: 3 '
+          'value_blob: "value" }')  # fmt: skip
+    t = PolicyGradientTrainer(solver_text(net, rl, 'type: "SGD" base_lr: 0.1'), seed=0)
+    ts, traj = t.init(), toy_batch("softmax")
+    got, _ = t.learn(ts.params, ts.state, ts.opt_state, traj)
+
+    def reference(params, state, opt_state):
+        heads = t.learning.heads_fn(state, traj)
+        probs, values = heads(params)
+        returns = rule.discounted_returns(traj.rewards, traj.mask, GAMMA)
+        adv = sur.batch_standardize(returns - values[..., 0], traj.mask)
+        ref = sur.log_prob(probs, traj.actions, False)
+
+        def loss(p, group):
+            probs, values = heads(p)
+            logp = sur.log_prob(probs, traj.actions, False)
+            err = values[..., 0] - returns
+            return (-sur.clipped_surrogate(logp, ref, adv, group, CLIP)
+                    + VALUE_WEIGHT * sur.masked_mean(err * err, group))  # fmt: skip
+
+        def apply(p, o, diff):
+            return t.learning.apply(p, state, o, diff)
+
+        key = jax.random.fold_in(jax.random.key(0), 0)
+        return ppo.epochs_of_minibatches(jax.grad(loss), apply, params, opt_state, traj.mask,
+                                         key, 2, 3)[0]  # fmt: skip
+
+    want = jax.jit(reference)(ts.params, ts.state, ts.opt_state)
+    for a, b, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(ts.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(np.asarray(a), np.asarray(w))
 
 
 # -- chunked evaluation ----------------------------------------------------------------------

@@ -120,7 +120,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rl"
 def test_examples_solve_cartpole_v1_from_the_cli(name, tmp_path, monkeypatch, capsys):
     """The shipped TRPO and PPO solvers solve CartPole-v1 (mean ≥ 475 over 100 episodes) from
     ``caffe2jax rl`` with seed 0 within 240 s (measured on 2 shared CPU cores: TRPO at episode
-    423 in 18 s, PPO at 438 in 45 s)."""
+    423 in 18 s, PPO at 559 in 15 s)."""
     monkeypatch.chdir(tmp_path)  # the solvers' snapshot_prefix is relative
     assert main(["rl", "--solver", str(EXAMPLES / f"{name}.prototxt"), "--seed", "0"]) == 0
     out = capsys.readouterr().out
