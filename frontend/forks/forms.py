@@ -54,7 +54,9 @@ DetectionOutput    ``yolov2``     gklz1982/caffe-yolov2's: one bottom, or YOLO's
                                   (side, num_box, coords, nms_threshold, biases,
                                   label_map_file) in ``detection_output_param``; ``""``: SSD's
 RegionLoss         ``yolov2``     gklz1982's (the yolov2 dialect without eric612's);
-                                  ``eric612``: MobileNet-YOLO's, a different loss (no lowering)
+                                  ``eric612``: MobileNet-YOLO's (dialect eric612 given);
+                                  ``""``: the text cannot tell (both ports declare the same
+                                  RegionLossParameter): the label's size decides when lowered
 PriorBox           ``faceboxes``  FaceBoxes: the net's dialect has FaceBoxes (its PriorBox takes
                                   SSD's fields: min sizes 32 / 64 densified to 4x4 / 2x2
                                   priors, side - 1 for the min-size boxes)
@@ -65,7 +67,10 @@ DetectionOutput    ``refinedet``  RefineDet: 4 bottoms (+ arm_conf: ``objectness
 DetectionOutput    ``textboxes``  TextBoxes++: ``use_polygon`` set, or unset in a net of the
                                   TextBoxes++ dialect (its default is true: 12 locations per
                                   prior, rows of 15)
-MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc)
+MultiBoxLoss       ``refinedet``  RefineDet: 5 or 6 bottoms (+ arm_conf, arm_loc), or 4 with
+                                  ``objectness_score`` set or in a net of the RefineDet
+                                  dialect (the ARM's loss: labels >= 2 read as 1 with
+                                  num_classes 2)
 MultiBoxLoss       ``textboxes``  TextBoxes++: as DetectionOutput
 =================  =============  ============================================================
 
@@ -227,7 +232,11 @@ def _detection_output(param: Param, dialect: Dialect) -> str:
 
 
 def _region_loss(param: Param, dialect: Dialect) -> str:
-    return "yolov2" if dialect.has("yolov2") and not dialect.has("eric612") else "eric612"
+    if dialect.has("yolov2") and not dialect.has("eric612"):
+        return "yolov2"
+    if dialect.given and dialect.has("eric612") and not dialect.has("yolov2"):
+        return "eric612"
+    return ""  # lowering/forks/yolo_eric612.py: 30 (gklz1982) or 300 (eric612) truths
 
 
 # -- SSD-derived detectors (FaceBoxes, RefineDet, TextBoxes++): lowering/forks/{faceboxes,
@@ -259,7 +268,11 @@ def _ssd_head(param: Param, dialect: Dialect, p, arm: int) -> str:
 
 
 def _multibox_loss(param: Param, dialect: Dialect) -> str:
-    return _ssd_head(param, dialect, param.multibox_loss_param, (5, 6))
+    p = param.multibox_loss_param
+    form = _ssd_head(param, dialect, p, (5, 6))
+    if not form and (p.HasField("objectness_score") or dialect.has("refinedet")):
+        return "refinedet"  # the ARM's 4-bottom loss: RefineDet's GetGroundTruth
+    return form
 
 
 _RULES: dict[str, Callable[[Param, Dialect], str]] = {
@@ -302,7 +315,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "InnerProduct": ("", "happynear"),
     "CenterLoss": ("", "happynear"),
     "DetectionOutput": ("", "yolov2", "refinedet", "textboxes"),
-    "RegionLoss": ("yolov2", "eric612"),
+    "RegionLoss": ("", "yolov2", "eric612"),
     "PriorBox": ("", "faceboxes", "textboxes"),
     "MultiBoxLoss": ("", "refinedet", "textboxes"),
 }

@@ -5,8 +5,9 @@
   are encoded in the target; no clipping.
 * RefineDet (sfzhang15/RefineDet, bbox_util.cpp ``CasRegDecodeBBoxesAll``): the ODM's
   locations decoded against the priors refined by the ARM's, :func:`refine_and_decode`;
-* TextBoxes++ (MhLiao/TextBoxes_plusplus, bbox_util.cpp ``DecodeBBoxPolygon``): a
-  quadrilateral's 8 offsets from the prior's corners, :func:`decode_quads`;
+* TextBoxes++ (MhLiao/TextBoxes_plusplus, bbox_util.cpp ``DecodeBBoxPolygon`` /
+  ``EncodeBBoxPolygon``): a quadrilateral's 8 offsets from the prior's corners,
+  :func:`decode_quads` / :func:`encode_quads`;
 * R-CNN (py-faster-rcnn@781a917 lib/fast_rcnn/bbox_transform.py ``bbox_transform`` /
   ``bbox_transform_inv``): pixel boxes, widths and heights ``x2 − x1 + 1``, deltas (dx, dy, dw,
   dh) of the centres and log sizes; the inverse's corners are ``centre ± size/2`` (no −1 on x2).
@@ -89,6 +90,20 @@ def decode_quads(prior, variance, quad):
     cy = jnp.stack([prior[:, 1], prior[:, 1], prior[:, 3], prior[:, 3]], axis=-1)
     x = variance[:, :1] * quad[..., 0::2] * pw[:, None] + cx
     y = variance[:, 1:2] * quad[..., 1::2] * ph[:, None] + cy
+    return jnp.stack([x, y], axis=-1).reshape(quad.shape)
+
+
+def encode_quads(prior, variance, quad):
+    """TextBoxes++' EncodeBBoxPolygon (CENTER_SIZE, variances not in the target), the inverse
+    of :func:`decode_quads`: ``(x_k − corner_xk) / w / v0`` and ``(y_k − corner_yk) / h / v1``
+    for the quadrilateral ``quad`` (..., 8) against the prior's corners (xmin, ymin), (xmax,
+    ymin), (xmax, ymax), (xmin, ymax); ``prior`` and ``variance`` (..., 4)."""
+    pw = prior[..., 2] - prior[..., 0]
+    ph = prior[..., 3] - prior[..., 1]
+    cx = jnp.stack([prior[..., 0], prior[..., 2], prior[..., 2], prior[..., 0]], axis=-1)
+    cy = jnp.stack([prior[..., 1], prior[..., 1], prior[..., 3], prior[..., 3]], axis=-1)
+    x = (quad[..., 0::2] - cx) / pw[..., None] / variance[..., :1]
+    y = (quad[..., 1::2] - cy) / ph[..., None] / variance[..., 1:2]
     return jnp.stack([x, y], axis=-1).reshape(quad.shape)
 
 

@@ -23,18 +23,22 @@ from caffe2jax.lowering.boxes.iou import SSD, iou
 # -- SSD ----------------------------------------------------------------------------------------
 
 
-def ground_truth(label: jax.Array) -> dict[str, jax.Array]:
-    """The rows of a (…, G, 8) label blob as arrays over G: ``item`` and ``label`` (C-style
-    truncated ints), ``boxes`` (G, 4), ``difficult`` (bool) and ``present`` (item ≠ −1)."""
-    rows = jax.lax.stop_gradient(label).reshape(-1, 8)
+def ground_truth(label: jax.Array, width: int = 8) -> dict[str, jax.Array]:
+    """The rows of a (…, G, ``width``) label blob as arrays over G: ``item`` and ``label``
+    (C-style truncated ints), ``boxes`` (G, 4), ``difficult`` (bool) and ``present`` (item ≠
+    −1); with ``width`` 16 (TextBoxes++' polygon rows) also ``quads`` (G, 8): x1, y1, …, y4."""
+    rows = jax.lax.stop_gradient(label).reshape(-1, width)
     item = rows[:, 0].astype(jnp.int32)
-    return dict(
+    out = dict(
         item=item,
         label=rows[:, 1].astype(jnp.int32),
         boxes=rows[:, 3:7],
         difficult=rows[:, 7] != 0,
         present=item != -1,
     )
+    if width >= 16:
+        out["quads"] = rows[:, 8:16]
+    return out
 
 
 def cross_boundary(boxes: jax.Array) -> jax.Array:

@@ -30,5 +30,6 @@ from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its
     ssd_multibox_loss,
     textboxes,
     yolo,
+    yolo_eric612,
     yolov2,
 )

@@ -103,7 +103,8 @@ def _validate(layer: ir.Layer, p) -> None:
         raise fail(layer, "HARD_EXAMPLE mining needs sample_size > 0")
 
 
-def _settings(layer: ir.Layer) -> Settings:
+def settings(layer: ir.Layer) -> Settings:
+    """The layer's Settings after the fork's LayerSetUp CHECKs."""
     p = layer.param.multibox_loss_param
     _validate(layer, p)
     down = layer.propagate_down
@@ -121,21 +122,24 @@ def _settings(layer: ir.Layer) -> Settings:
     )  # fmt: skip
 
 
-def _check(layer: ir.Layer, loc, conf, prior, label, s: Settings) -> tuple[int, int]:
-    """(N, P) after the fork's Reshape checks."""
+def check_bottoms(layer: ir.Layer, loc, conf, prior, label, s: Settings, width: int = 4,
+                  label_width: int = 8) -> tuple[int, int]:  # fmt: skip
+    """(N, P) after the fork's Reshape checks (``width`` locations per prior and location
+    class, label rows of ``label_width``)."""
     if prior.ndim < 3 or prior.shape[-2] != 2 or prior.shape[-1] % 4:
         raise fail(layer, f"prior bottom must be (1, 2, P·4), got {list(prior.shape)}")
     n, p = loc.shape[0], prior.shape[-1] // 4
     if conf.shape[0] != n:
         raise fail(layer, f"loc {list(loc.shape)} and conf {list(conf.shape)} differ in num")
-    if count(loc.shape, 1) != p * (1 if s.shared else s.classes) * 4:
+    if count(loc.shape, 1) != p * (1 if s.shared else s.classes) * width:
         raise fail(layer, f"number of priors ({p}) must match number of location predictions "
                           f"(loc {list(loc.shape)})")  # fmt: skip
     if count(conf.shape, 1) != p * s.classes:
         raise fail(layer, f"number of priors ({p}) must match number of confidence predictions "
                           f"(conf {list(conf.shape)}, {s.classes} classes)")  # fmt: skip
-    if label.ndim < 1 or label.shape[-1] != 8:
-        raise fail(layer, f"label must be (1, 1, G, 8) rows, got {list(label.shape)}")
+    if label.ndim < 1 or label.shape[-1] != label_width:
+        raise fail(layer, f"label must be (1, 1, G, {label_width}) rows, got "
+                          f"{list(label.shape)}")  # fmt: skip
     if s.logistic and s.mining == Mb.NONE and n > 1:
         raise fail(layer, "LOGISTIC conf loss with mining_type NONE and a batch > 1: the fork "
                           "writes image i's targets at the wrong offset (i·P instead of "
@@ -169,27 +173,31 @@ def _top_mask(loss, eligible, k):
     return eligible & (rank < k[:, None])
 
 
-def mine(match, overlap, mining_loss, has_gt, s: Settings):
-    """MineHardExamples: (positives, negatives) masks (N, P) after mining."""
+def mine(match, overlap, mining_loss, has_gt, s: Settings, allowed=None):
+    """MineHardExamples: (positives, negatives) masks (N, P) after mining. ``allowed`` (N, P)
+    or None: the priors the fork lets into the mining pool (RefineDet: ARM objectness)."""
     pos = match > -1
     if s.mining == Mb.NONE:
         return pos, jnp.zeros_like(pos)
+    pool = jnp.ones_like(pos) if allowed is None else allowed
     if s.mining == Mb.MAX_NEGATIVE:
-        eligible = (match == -1) & (overlap < s.neg_overlap)
+        eligible = (match == -1) & (overlap < s.neg_overlap) & pool
         num_pos = jnp.sum(pos, axis=1).astype(jnp.float32)
         k = jnp.minimum((num_pos * np.float32(s.ratio)).astype(jnp.int32), jnp.sum(eligible, 1))
         return pos, _top_mask(mining_loss, eligible, k) & has_gt[:, None]
     k = jnp.full(match.shape[:1], min(s.sample_size, match.shape[1]))
-    chosen = _top_mask(mining_loss, jnp.ones_like(pos), k) & has_gt[:, None]
+    chosen = _top_mask(mining_loss, pool, k) & has_gt[:, None]
     return pos & chosen, chosen & (match == -1)
 
 
-def _loc_pair(loc, priors, variances, matched_gt, boxes, s: Settings):
-    """EncodeLocPrediction: (prediction, target) per prior (N, P, 4), as the loss sees them."""
-    target = encode_boxes(priors, variances, matched_gt, s.code, s.var_in_target)
+def loc_pair(loc, anchors, variances, matched_gt, inside, s: Settings):
+    """EncodeLocPrediction: (prediction, target) per prior (N, P, 4), as the loss sees them;
+    ``anchors`` (P or N·P, 4) the boxes encoded against, ``inside`` (N, P, 4) the boxes whose
+    coordinates outside [0, 1] take the target as prediction with ``bp_inside``."""
+    target = encode_boxes(anchors, variances, matched_gt, s.code, s.var_in_target)
     pred = loc
     if s.bp_inside:
-        outside = (boxes < 0) | (boxes > 1)
+        outside = (inside < 0) | (inside > 1)
         pred = jnp.where(outside, target, pred)
     if s.var_in_target:
         # Caffe divides pred by the variance but copies the diff back unscaled: no gradient
@@ -199,12 +207,22 @@ def _loc_pair(loc, priors, variances, matched_gt, boxes, s: Settings):
     return pred, lax.stop_gradient(target)
 
 
-def _loc_terms(d, s: Settings):
+def loc_terms(d, s: Settings):
     """Elementwise SmoothL1 (SSD's, sigma 1) or L2 (EuclideanLoss: 0.5·d²) of d = pred − gt."""
     if s.l2:
         return 0.5 * d * d
     ad = jnp.abs(d)
     return jnp.where(ad < 1.0, 0.5 * d * d, ad - 0.5)
+
+
+def box_terms(loc, anchors, variances, match, matched_gt, inside, s: Settings):
+    """Each prior's loc loss (N, P) of EncodeLocPrediction's pairs (:func:`loc_pair`); the
+    unmatched priors' terms are dummies (masked by the callers)."""
+    # unmatched priors get a finite dummy target (a padding row's log(0) would turn the masked
+    # gradient into NaN)
+    matched_gt = jnp.where((match > -1)[..., None], matched_gt, anchors)
+    pred, target = loc_pair(loc, anchors, variances, matched_gt, inside, s)
+    return jnp.sum(loc_terms(pred - target, s), -1)
 
 
 def _conf_sum(conf, rows, target, s: Settings):
@@ -224,27 +242,30 @@ def _normalizer(s: Settings, n: int, p: int, num_matches):
     return jnp.maximum(jnp.asarray(value[s.normalization], jnp.float32), 1.0)
 
 
-def _matches(loc, priors, gt, s: Settings, n: int):
-    """Per image: (match, overlap, boxes matched against) with gt validity (N, G). The gt rows
-    are matched against their own image's boxes only (lowering/boxes/matching.py
+def matches(loc, priors, gt, s: Settings, n: int, anchors=None):
+    """FindMatches per image: (match, overlap, boxes matched against) with gt validity (N,
+    G). The boxes are the priors (``use_prior_for_matching``; ``anchors`` (N, P, 4) instead
+    where given: RefineDet's refined anchors) or the predictions decoded against the priors.
+    The gt rows are matched against their own image's boxes only (lowering/boxes/matching.py
     :func:`~caffe2jax.lowering.boxes.matching.match_batch`): (G, P) work, not (N, P, G)."""
     rows = gt["present"] & (gt["item"] >= 0) & (gt["item"] < n)
     if not s.use_difficult:
         rows = rows & ~gt["difficult"]
     valid = rows[None, :] & (gt["item"][None, :] == jnp.arange(n)[:, None])
     image = jnp.clip(gt["item"], 0, n - 1)
-    if s.use_prior:
+    if s.use_prior and anchors is None:
         boxes = jnp.broadcast_to(priors[0], (n,) + priors[0].shape)
         overlaps = iou(priors[0], gt["boxes"], SSD).T
     else:
-        boxes = decode_boxes(priors[0], priors[1], lax.stop_gradient(loc), s.code, s.var_in_target)
+        boxes = anchors if s.use_prior else decode_boxes(
+            priors[0], priors[1], lax.stop_gradient(loc), s.code, s.var_in_target)  # fmt: skip
         overlaps = jax.vmap(lambda b, g: iou(b, g[None], SSD)[:, 0])(boxes[image], gt["boxes"])
     ignored = cross_boundary(boxes) if s.cross else None
     match, overlap = match_batch(overlaps, image, rows, n, s.threshold, s.per_prediction, ignored)
     return match, overlap, boxes, valid
 
 
-def _targets(match, gt, valid, s: Settings):
+def targets(match, gt, valid, s: Settings):
     """Matched gt boxes (N, P, 4) and labels (N, P); a NaN flag for labels the fork refuses."""
     safe = jnp.maximum(match, 0)
     labels = jnp.where(match > -1, gt["label"][safe], s.background)
@@ -253,46 +274,61 @@ def _targets(match, gt, valid, s: Settings):
     return gt["boxes"][safe], labels, bad
 
 
-def _losses(loc, conf, priors, boxes, match, overlap, gt, valid, s: Settings):
-    """(loc loss sum, conf loss sum, num_matches) after mining, and the NaN flag."""
-    matched_gt, labels, bad = _targets(match, gt, valid, s)
-    # unmatched priors get a finite dummy target (their terms are masked out; a padding
-    # row's log(0) would turn the masked gradient into NaN)
-    matched_gt = jnp.where((match > -1)[..., None], matched_gt, priors[0])
-    pred, target = _loc_pair(loc, priors[0], priors[1], matched_gt, boxes, s)
-    loc_terms = jnp.sum(_loc_terms(pred - target, s), -1)
+def mined_conf(conf, match, overlap, labels, valid, s: Settings, mining_loc=None, allowed=None):
+    """MineHardExamples then the conf loss layer: (positives (N, P), conf loss sum).
+    ``mining_loc`` (N, P): each matched prior's loc loss, added to its conf loss for
+    HARD_EXAMPLE; ``allowed``: :func:`mine`'s pool."""
     mining_loss = _per_prior_conf_loss(lax.stop_gradient(conf), labels, s)
     if s.mining == Mb.HARD_EXAMPLE:
-        mining_loss = mining_loss + jnp.where(match > -1, lax.stop_gradient(loc_terms), 0.0)
-    pos, neg = mine(match, overlap, lax.stop_gradient(mining_loss), jnp.any(valid, 1), s)
-    loc_sum = jnp.sum(jnp.where(pos, loc_terms, 0.0))
+        mining_loss = mining_loss + jnp.where(match > -1, lax.stop_gradient(mining_loc), 0.0)
+    has_gt = jnp.any(valid, 1)
+    pos, neg = mine(match, overlap, lax.stop_gradient(mining_loss), has_gt, s, allowed)
     conf_target = jnp.where(pos, s.background + 1 if s.agnostic else labels, s.background)
     rows = pos | neg if s.mining != Mb.NONE else jnp.ones_like(pos)
-    conf_sum = _conf_sum(conf, rows, conf_target, s)
-    return loc_sum, conf_sum, jnp.sum(pos), bad
+    return pos, _conf_sum(conf, rows, conf_target, s)
+
+
+def total_loss(s: Settings, n: int, p: int, loc_sum, conf_sum, num_matches, bad, dtype,
+               loc_cap: float | None = None):  # fmt: skip
+    """The top: loc_weight·loc/norm (capped at ``loc_cap`` in the value only: TextBoxes++)
+    + conf/norm, each where its bottom propagates down; NaN where a gt label is refused."""
+    norm = _normalizer(s, n, p, num_matches).astype(dtype)
+    total = jnp.zeros((), dtype)
+    if s.loc_on:
+        part = s.loc_weight * loc_sum / norm
+        if loc_cap is not None:
+            # the fork caps the reported loss only; its backward is the uncapped gradient
+            part = part + lax.stop_gradient(jnp.minimum(part, loc_cap) - part)
+        total = total + part
+    if s.conf_on:
+        total = total + conf_sum / norm
+    return jnp.where(bad, jnp.nan, total)
+
+
+def class_locations(loc, match, gt, s: Settings):
+    """(N, P, W) locations of each prior: the shared ones, or (``share_location: false``)
+    those of the class of its matched gt (class 0 for unmatched priors, masked later)."""
+    if s.shared:
+        return loc[:, :, 0]
+    labels = jnp.where(match > -1, gt["label"][jnp.maximum(match, 0)], 0)
+    picked = jnp.clip(labels, 0, s.classes - 1)[..., None, None]
+    return jnp.take_along_axis(loc, picked, 2)[:, :, 0]
 
 
 @register("MultiBoxLoss", counts=(4, 4, 1, 1), no_force_backward=(2, 3))
 def multibox_loss(layer, params, bottoms, ctx):
     """MultiBoxLossLayer::Forward_cpu / Backward_cpu (module docstring)."""
-    s = _settings(layer)
+    s = settings(layer)
     loc, conf, prior, label = bottoms
-    n, p = _check(layer, loc, conf, prior, label, s)
+    n, p = check_bottoms(layer, loc, conf, prior, label, s)
     priors = lax.stop_gradient(prior).reshape(-1, 2, p, 4)[0]
     gt = ground_truth(label)
     loc = loc.reshape(n, p, 1 if s.shared else s.classes, 4)
     conf = conf.reshape(n, p, s.classes)
-    match, overlap, boxes, valid = _matches(loc[:, :, 0], priors, gt, s, n)
-    if not s.shared:
-        labels = jnp.where(match > -1, gt["label"][jnp.maximum(match, 0)], 0)
-        loc = jnp.take_along_axis(loc, jnp.clip(labels, 0, s.classes - 1)[..., None, None], 2)
-    loc_sum, conf_sum, num_matches, bad = _losses(
-        loc[:, :, 0], conf, priors, boxes, match, overlap, gt, valid, s
-    )
-    norm = _normalizer(s, n, p, num_matches).astype(conf.dtype)
-    total = jnp.zeros((), conf.dtype)
-    if s.loc_on:
-        total = total + s.loc_weight * loc_sum / norm
-    if s.conf_on:
-        total = total + conf_sum / norm
-    return [jnp.where(bad, jnp.nan, total)]
+    match, overlap, boxes, valid = matches(loc[:, :, 0], priors, gt, s, n)
+    loc = class_locations(loc, match, gt, s)
+    matched_gt, labels, bad = targets(match, gt, valid, s)
+    terms = box_terms(loc, priors[0], priors[1], match, matched_gt, boxes, s)
+    pos, conf_sum = mined_conf(conf, match, overlap, labels, valid, s, terms)
+    loc_sum = jnp.sum(jnp.where(pos, terms, 0.0))
+    return [total_loss(s, n, p, loc_sum, conf_sum, jnp.sum(pos), bad, conf.dtype)]

@@ -14,7 +14,12 @@ DetectionOutput form ``textboxes``.
   its Python demo's, on the host). Top rows (1, 1, K, 15): [image, label, score, xmin, ymin,
   xmax, ymax, x1, y1, x2, y2, x3, y3, x4, y4], padded as SSD's.
   ``use_polygon: false`` (rotated boxes, 9 values per prior) is refused.
-* MultiBoxLoss (``use_polygon``, set or by the TextBoxes++ dialect) is refused.
+* MultiBoxLoss (``use_polygon``, set or by the TextBoxes++ dialect): SSD's matching and
+  mining on the boxes, the loc loss over 12 values against EncodeBBoxPolygon's targets, the
+  reported loc part capped at 20 (:func:`textboxes_multibox_loss`). Its label rows are 16
+  wide (TextBoxes++' AnnotatedData adds the polygon): caffe2jax's AnnotatedData emits SSD's 8,
+  so such a label is refused at compile time and the loss trains from an Input-fed label.
+  ``use_polygon: false`` (rotated boxes) is refused.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.boxes.coders import decode_boxes, decode_quads
+from caffe2jax.lowering.boxes.coders import decode_boxes, decode_quads, encode_boxes, encode_quads
+from caffe2jax.lowering.boxes.matching import ground_truth
 from caffe2jax.lowering.forks import ssd
+from caffe2jax.lowering.forks import ssd_multibox_loss as mbl
 from caffe2jax.lowering.forks.ssd_detection_output import detection_rows, detection_settings
 from caffe2jax.lowering.registry import Shape, register
 from caffe2jax.lowering.util import fail
@@ -102,9 +109,75 @@ def textboxes_detection_output(layer, params, bottoms, ctx):
     return [detection_rows(jnp.concatenate([boxes, quads], -1), scores, s)]
 
 
-@register("MultiBoxLoss", form="textboxes", counts=(4, 4, 1, 1))
+#: bp_inside: the prior coordinate each of the 12 locations is tested on (the fork's
+#: EncodeLocPredictionBboxPolygon: x4 on xmax, as written there).
+_INSIDE = np.array([0, 1, 2, 3, 0, 1, 2, 3, 2, 3, 2, 3])
+
+
+def _loss_settings(layer: ir.Layer, bottoms) -> tuple[mbl.Settings, int, int]:
+    """(settings, N, P) after the fork's checks and caffe2jax's refusals."""
+    p = layer.param.multibox_loss_param
+    if not p.use_polygon:
+        raise fail(layer, "TextBoxes++' rotated-box MultiBoxLoss (use_polygon: false, 9 "
+                          "locations per prior) is not supported; use_polygon: true "
+                          "is")  # fmt: skip
+    s = mbl.settings(layer)
+    if s.code != CodeType.CENTER_SIZE or s.var_in_target:
+        raise fail(layer, "TextBoxes++ encodes quadrilaterals for code_type CENTER_SIZE "
+                          "without encode_variance_in_target only (else the fork's polygon "
+                          "targets are left unset)")  # fmt: skip
+    label = bottoms[3]
+    if label.ndim >= 1 and label.shape[-1] == 8:
+        raise fail(layer, "the label rows are SSD's (8 values), TextBoxes++' loss reads 16 "
+                          "(+ the polygon): caffe2jax's AnnotatedData does not read polygon "
+                          "annotations; feed the label from an Input")  # fmt: skip
+    n, p_count = mbl.check_bottoms(layer, *bottoms, s, width=12, label_width=16)
+    return s, n, p_count
+
+
+def _quad_terms(loc, priors, match, matched_gt, matched_quads, s: mbl.Settings):
+    """EncodeLocPredictionBboxPolygon's per-prior loss (N, P): the 12 predictions against the
+    encoded box and quadrilateral, the prior's outside coordinates (``bp_inside``) taking the
+    target as prediction; the targets are encoded against the priors, no variance division."""
+    matched_gt = jnp.where((match > -1)[..., None], matched_gt, priors[0])  # finite dummies
+    box = encode_boxes(priors[0], priors[1], matched_gt, s.code, False)
+    target = lax.stop_gradient(
+        jnp.concatenate([box, encode_quads(priors[0], priors[1], matched_quads)], -1)
+    )
+    pred = loc
+    if s.bp_inside:
+        outside = (priors[0] < 0) | (priors[0] > 1)
+        pred = jnp.where(outside[:, _INSIDE], target, pred)
+    return jnp.sum(mbl.loc_terms(pred - target, s), -1)
+
+
+@register("MultiBoxLoss", form="textboxes", counts=(4, 4, 1, 1), no_force_backward=(2, 3))
 def textboxes_multibox_loss(layer, params, bottoms, ctx):
-    """TextBoxes++' MultiBoxLoss (polygon or rotated-box targets): refused."""
-    raise fail(layer, "TextBoxes++' MultiBoxLoss (use_polygon: quadrilateral or rotated-box "
-                      "targets from its AnnotatedData) is not supported; its PriorBox and "
-                      "DetectionOutput are")  # fmt: skip
+    """TextBoxes++' MultiBoxLossLayer::Forward_cpu / Backward_cpu with ``use_polygon``.
+
+    loc holds 12 values per prior and location class [box (4), quadrilateral (8)]; the label
+    rows are 16 wide (SSD's 8, then the polygon x1, y1, …, x4, y4). Matching (FindMatches) and
+    mining (MineHardExamples, HARD_EXAMPLE's loc part on the 4 box values as SSD's
+    EncodeLocPrediction) are SSD's on the axis-aligned boxes; the loc loss is SmoothL1 / L2
+    over the 12 values of each matched prior against EncodeBBoxPolygon's targets. The reported
+    loc part ``loc_weight·loc/norm`` is capped at 20 (a float in the fork's Forward_cpu); the
+    backward is the fork's, of the uncapped loss. Matching and mining are constants (not
+    differentiated, as in the fork)."""
+    s, n, p = _loss_settings(layer, bottoms)
+    loc, conf, prior, label = bottoms
+    priors = lax.stop_gradient(prior).reshape(-1, 2, p, 4)[0]
+    gt = ground_truth(label, 16)
+    loc = loc.reshape(n, p, 1 if s.shared else s.classes, 12)
+    conf = conf.reshape(n, p, s.classes)
+    match, overlap, boxes, valid = mbl.matches(loc[:, :, 0, :4], priors, gt, s, n)
+    loc = mbl.class_locations(loc, match, gt, s)
+    matched_gt, labels, bad = mbl.targets(match, gt, valid, s)
+    quads = gt["quads"][jnp.maximum(match, 0)]
+    terms = _quad_terms(loc, priors, match, matched_gt, quads, s)
+    mining_loc = None
+    if s.mining == mbl.Mb.HARD_EXAMPLE:
+        mining_loc = mbl.box_terms(loc[..., :4], priors[0], priors[1], match, matched_gt, boxes, s)
+    pos, conf_sum = mbl.mined_conf(conf, match, overlap, labels, valid, s, mining_loc)
+    loc_sum = jnp.sum(jnp.where(pos, terms, 0.0))
+    total = mbl.total_loss(s, n, p, loc_sum, conf_sum, jnp.sum(pos), bad, conf.dtype, 20.0)
+    return [total]

@@ -20,6 +20,8 @@ corners **clipped to [0, 1]** (setNormalizedBBox), then SSD's JaccardOverlap (no
   (not halved, not divided by N); its Backward_cpu writes top_diff/N · delta into the bottom
   diff — **a hand-written rule, not the gradient of that loss**: a custom_vjp applies it.
   ``softmax_tree`` and ``class_map`` are not supported (said at compile time).
+* BoxData: encoded images and their boxes, read by the runtime's pipeline
+  (runtime/data/readers/box_data.py); tops data and one (N, 150) label per ``data_param.side``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jax import lax
 
 from caffe2jax.lowering.boxes.iou import SSD, iou, iou_row
 from caffe2jax.lowering.boxes.nms import compact, greedy_keep_rows
+from caffe2jax.lowering.layers.data import from_source
 from caffe2jax.lowering.registry import Context, ParamDecl, register
 from caffe2jax.lowering.util import fail
 
@@ -52,7 +55,7 @@ def calc_iou(a: jax.Array, b: jax.Array) -> jax.Array:
     return iou(clipped_corners(a), clipped_corners(b), SSD)
 
 
-def _swap(layer, x: jax.Array, num: int, side: int) -> jax.Array:
+def swap_blob(layer, x: jax.Array, num: int, side: int) -> jax.Array:
     """The fork's swap blob, (N, side², num, C/num), of a (N, C, side, side) bottom."""
     n, c, h, w = x.shape
     if h != side or w != side or c % num:
@@ -61,7 +64,7 @@ def _swap(layer, x: jax.Array, num: int, side: int) -> jax.Array:
     return x.reshape(n, num, c // num, h * w).transpose(0, 3, 1, 2)
 
 
-def _biases(layer, values, num: int) -> jax.Array:
+def anchor_biases(layer, values, num: int) -> jax.Array:
     if len(values) < 2 * num:
         raise fail(layer, f"needs {2 * num} biases (w, h per anchor), got {len(values)}")
     return jnp.asarray(list(values)[: 2 * num], jnp.float32).reshape(num, 2)
@@ -89,10 +92,10 @@ def yolov2_detection_output(layer, params, bottoms, ctx: Context):
         raise fail(layer, f"the fork decodes one image (num must be 1), got {x.shape[0]}")
     classes = p.num_classes if p.HasField("num_classes") else 20
     thr = p.confidence_threshold if p.HasField("confidence_threshold") else 0.01
-    g = _swap(layer, lax.stop_gradient(x), p.num_box, p.side)[0]
+    g = swap_blob(layer, lax.stop_gradient(x), p.num_box, p.side)[0]
     if g.shape[-1] < 5 + classes:
         raise fail(layer, f"{g.shape[-1]} channels per anchor, fewer than 5 + num_classes")
-    boxes = region_boxes(g, _biases(layer, p.biases, p.num_box), p.side).reshape(-1, 4)
+    boxes = region_boxes(g, anchor_biases(layer, p.biases, p.num_box), p.side).reshape(-1, 4)
     probs = jax.nn.softmax(g[..., 5 : 5 + classes], axis=-1)
     score = (jax.nn.sigmoid(g[..., 4]) * jnp.max(probs, axis=-1)).reshape(-1)
     label = jnp.argmax(probs, axis=-1).astype(x.dtype).reshape(-1)
@@ -206,7 +209,7 @@ def yolov2_region_loss(layer, params, bottoms, ctx: Context):
     if p.softmax_tree or p.class_map:
         raise fail(layer, "softmax_tree and class_map are not supported (plain softmax classes)")
     x, label = bottoms
-    g = _swap(layer, x, p.num, p.side)
+    g = swap_blob(layer, x, p.num, p.side)
     if g.shape[-1] != p.coords + 1 + p.num_class or p.coords != 4:
         raise fail(layer, f"channels per anchor must be coords (4) + 1 + num_class, got "
                           f"{g.shape[-1]}")  # fmt: skip
@@ -214,7 +217,7 @@ def yolov2_region_loss(layer, params, bottoms, ctx: Context):
         raise fail(layer, f"the label must hold 30 × 5 values per image, got {list(label.shape)}")
     (forwards,) = ctx.carry
     prior = forwards[0] < PRIOR_SEEN // x.shape[0]
-    biases = _biases(layer, p.biases, p.num)
+    biases = anchor_biases(layer, p.biases, p.num)
     labels = lax.stop_gradient(label).reshape(x.shape[0], -1)
     delta = jax.vmap(lambda gg, ll: region_delta(gg, ll, biases, p, prior))(
         lax.stop_gradient(g), labels
@@ -226,3 +229,9 @@ def yolov2_region_loss(layer, params, bottoms, ctx: Context):
 @yolov2_region_loss.carry_shapes
 def _(layer, bottom_shapes):
     return [ParamDecl((1,))]
+
+
+@register("BoxData", counts=(0, 0, 2, None), source=True, feed="pipeline")
+def box_data(layer):
+    """gklz1982's BoxDataLayer: images and their boxes, shapes from the source."""
+    return from_source(layer)

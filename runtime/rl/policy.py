@@ -173,20 +173,51 @@ class PolicyNet:
             self._by_rows[n] = self.model.reshape(shapes)
         return self._by_rows[n]
 
+    def blobs(self, params: Params, state: Params, x: jax.Array) -> dict[str, jax.Array]:
+        """Every blob of the net (by SSA id) for observations ``x`` of shape (rows, obs_size)."""
+        n = x.shape[0]
+        spec = self.spec
+        inputs: dict[str, Any] = {spec.data: x.reshape(n, *spec.step_shape)}
+        for name, shape in spec.extra_inputs:
+            inputs[name] = jnp.zeros((n, *shape), x.dtype)
+        return self.rows(n).apply(params, state, inputs)[0]
+
     def forward(self, params: Params, state: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(probs, bottom)`` for observations ``x`` of shape (rows, obs_size).
 
         ``probs`` is (rows, 1) holding P(action 0) for a Sigmoid policy, (rows, n) for Softmax;
         ``bottom`` is MemoryLoss's bottom 0 flattened to (rows, k).
         """
-        n = x.shape[0]
-        spec = self.spec
-        inputs: dict[str, Any] = {spec.data: x.reshape(n, *spec.step_shape)}
-        for name, shape in spec.extra_inputs:
-            inputs[name] = jnp.zeros((n, *shape), x.dtype)
-        blobs, _ = self.rows(n).apply(params, state, inputs)
-        probs = blobs[spec.prob_blob].reshape(n, -1)
-        return probs, blobs[spec.loss_bottom].reshape(n, -1)
+        n, spec = x.shape[0], self.spec
+        blobs = self.blobs(params, state, x)
+        return blobs[spec.prob_blob].reshape(n, -1), blobs[spec.loss_bottom].reshape(n, -1)
+
+    def value_blob(self, name: str) -> tuple[str, float]:
+        """The SSA id and loss weight of the value head ``name`` (rl_param update
+        ``value_blob``): a top of the net with one value per step and a non-zero
+        ``loss_weight`` (Caffe back-propagates only into outputs with one), other than the
+        action probabilities, their logits and MemoryLoss (one-line RLErrors otherwise)."""
+        net, spec = self.model.net, self.spec
+        if name not in net.blob_names:
+            raise RLError(
+                f"rl_param update value_blob '{name}' is not a blob of the policy net '{net.name}'"
+            )
+        ssa = net.blob_names[name]
+        weights = {t: w for layer in net.layers for t, w in zip(layer.tops, layer.loss_weights)}
+        taken = {spec.prob_blob, spec.loss_bottom, spec.prob_bottom}
+        taken.update(t for layer in net.layers if layer.type == "MemoryLoss" for t in layer.tops)
+        shape = net.shapes[ssa]
+        if ssa in taken or count(shape, 1) != 1:
+            raise RLError(
+                f"rl_param update value_blob '{name}' {list(shape)} must hold one value per "
+                "step, apart from the action probabilities, their logits and MemoryLoss"
+            )
+        if not weights.get(ssa):
+            raise RLError(
+                f"rl_param update value_blob '{name}' needs a loss_weight in the net (the "
+                "value loss's weight; Caffe back-propagates only into outputs with one)"
+            )
+        return ssa, float(weights[ssa])
 
     def probs_of_bottom(self, bottom: jax.Array) -> jax.Array:
         """The action probabilities as a differentiable function of MemoryLoss's bottom rows

@@ -8,6 +8,8 @@ The advantage ``Â`` is MyCaffe's: the per-episode standardised discounted retur
   Schulman et al. 2015 eq. 14, to be maximised);
 * ``clipped_surrogate``: ``mean(min(ρ·Â, clip(ρ, 1 − ε, 1 + ε)·Â))`` (PPO, Schulman et al.
   2017 eq. 7);
+* ``batch_standardize``: a value baseline's advantage ``R − V(s)`` standardised over the
+  batch's real steps (as OpenAI baselines' ppo2 does);
 * ``mean_kl``: ``mean(KL(P_old(·|s) ‖ P_w(·|s)))`` over the actions, the quantity TRPO bounds.
 
 A Sigmoid policy's output is ``P(action 0)``; its two actions' probabilities are
@@ -41,6 +43,15 @@ def log_prob(probs: jax.Array, actions: jax.Array, sigmoid: bool) -> jax.Array:
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """The mean of ``values`` over the steps where ``mask`` is 1 (0 with none)."""
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def batch_standardize(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """``(v − mean) / std`` over the batch's real steps (population std; a zero std leaves
+    ``v − mean``), zero on padded steps: PPO's advantage with a value baseline."""
+    mean = masked_mean(values, mask)
+    centred = (values - mean) * mask
+    std = jnp.sqrt(masked_mean(centred * centred, mask))
+    return centred / jnp.where(std > 0, std, 1.0)
 
 
 def surrogate(

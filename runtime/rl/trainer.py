@@ -213,7 +213,7 @@ class PolicyGradientTrainer:
         elite = rule.elite_mask(jnp.sum(traj.rewards, axis=0), cfg.episode_elite_percent)
         advantage = advantage * elite
         if cfg.update.type != PG:
-            return self.learning.learn(params, state, opt_state, traj, advantage)
+            return self.learning.learn(params, state, opt_state, traj, advantage, returns, elite)
         if cfg.update.steps == 1:
             return self._pg_update(params, state, opt_state, traj, advantage)
         return jax.lax.fori_loop(
@@ -241,8 +241,16 @@ class PolicyGradientTrainer:
     def _learning(self) -> learners.Learning:
         """TRPO's and PPO's view of the policy and the solver (:mod:`.learners`)."""
 
-        def forward(p: Params, state: Params, x: jax.Array) -> jax.Array:
-            return self.policy.probs_of_bottom(self.policy.forward(p, state, self._decode(x))[1])
+        policy, value = self.policy, self.config.update.value_blob
+        value_ssa, value_weight = policy.value_blob(value) if value else (None, 0.0)
+
+        def forward(p: Params, state: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+            blobs = policy.blobs(p, state, self._decode(x))
+            n = x.shape[0]
+            probs = policy.probs_of_bottom(blobs[policy.spec.loss_bottom].reshape(n, -1))
+            if value_ssa is None:
+                return probs, jnp.zeros((n, 0), probs.dtype)
+            return probs, blobs[value_ssa].reshape(n, 1)
 
         def apply(p: Params, state: Params, o: Any, diff: Params) -> tuple:
             return self.solver.update(p, state, o, diff)[:2]
@@ -255,7 +263,7 @@ class PolicyGradientTrainer:
         keep = None if all(mults) else jax.tree.map(lambda m: float(m != 0), split(lr, params))
         sigmoid = self.policy.spec.kind == SIGMOID
         return learners.Learning(self.config.update, forward, apply, sigmoid, self.config.seed,
-                                 keep)  # fmt: skip
+                                 keep, value_weight)  # fmt: skip
 
     # -- driving ------------------------------------------------------------------------------
 

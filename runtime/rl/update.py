@@ -27,7 +27,14 @@ field               default   source
 ``clip``            0.2       PPO paper's ε
 ``epochs``          4         —
 ``minibatches``     4         —
+``value_blob``      ""        — (no baseline: MyCaffe's standardised return)
+``chunk_rows``      8192      — (Cart-Pole-v1: 5,000 rows, one call)
 ==================  ========  =========================================================
+
+With ``value_blob`` PPO learns a value baseline (:mod:`.learners`): the advantage is
+``R − V_old(s)`` standardised over the batch's real steps, the value loss
+``loss_weight · mean((V(s) − R)²)`` joins the clipped objective, ``loss_weight`` the one
+the net gives the value top (:meth:`.policy.PolicyNet.value_blob`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ class UpdateSettings:
     clip: float = 0.2
     epochs: int = 4
     minibatches: int = 4
+    value_blob: str = ""  # PPO's value baseline head (a net top); "": none
+    chunk_rows: int = 8192  # rows of the batch evaluated at once; 0: all
 
     @property
     def is_default(self) -> bool:
@@ -71,6 +80,7 @@ def from_proto(rl: Any) -> UpdateSettings:
     u = rl.update
     names = [f for f in UpdateSettings.__dataclass_fields__ if f != "type"]
     values = {name: _decimal(getattr(u, name)) for name in names}
+    values["value_blob"] = values["value_blob"].strip()
     settings = UpdateSettings(type=u.type.strip().upper(), **values)
     check(settings)
     return settings
@@ -100,3 +110,8 @@ def check(s: UpdateSettings) -> None:
         )
     if not 0 < s.clip < 1:
         raise RLError(f"rl_param update clip must lie in (0, 1), got {s.clip}")
+    if s.value_blob and s.type != PPO:
+        raise RLError(
+            f"rl_param update value_blob ('{s.value_blob}') is PPO's value baseline; "
+            f"type is {s.type}"
+        )

@@ -79,15 +79,12 @@ def test_every_form_the_frontend_gives_has_an_entry_or_falls_back_to_the_types()
         if type_name == "Python":  # built-ins: keyed by (module, layer, form) instead
             continue
         for form in forms:
-            if (type_name, form) == ("RegionLoss", "eric612"):  # not lowered: one clear line
-                continue
             assert (type_name, form) in keys or (type_name, "") in keys, (type_name, form)
     fallback = {(t, f) for t, forms in FORMS.items() for f in forms if f and (t, f) not in keys}
     assert fallback == {
         ("Convolution3D", "c3d-v1.0"),
         ("Pooling3D", "c3d-v1.0"),
         ("Python", "rfcn"),
-        ("RegionLoss", "eric612"),  # not lowered (gklz1982's is): one clear line
     }
 
 
@@ -112,7 +109,7 @@ def test_data_layers_are_registered_with_their_feed():
     }
     assert data_layers("memory") == ("MemoryData",)
     pipeline = {"Data", "ImageData", "HDF5Data", "WindowData", "DenseImageData",
-                "ImageSegData", "VideoData", "AnnotatedData", "RoIData"}  # fmt: skip
+                "ImageSegData", "VideoData", "AnnotatedData", "RoIData", "BoxData"}  # fmt: skip
     assert set(data_layers("pipeline")) == pipeline
     assert DATA_LAYERS["ImageSegData"].counts == (0, 0, 2, 3)
     for type_name, kind in DATA_LAYERS.items():

@@ -82,6 +82,10 @@ class AnnotatedDataSource(DataLayerSource):
         if self.anno_type not in (None, BBOX):
             raise DataError(f"layer {layer.name!r} (AnnotatedData): anno_type {param.anno_type} "
                             "is not supported (BBOX)")  # fmt: skip
+        if param.yolo_data_type:  # eric612/MobileNet-YOLO's label (docs/forks.md, YOLOv2)
+            raise DataError(f"layer {layer.name!r} (AnnotatedData): yolo_data_type "
+                            f"{param.yolo_data_type} (eric612's (N, 1, 300, 5) YOLO label) is "
+                            "not supported; SSD's rows are (yolo_data_type 0)")  # fmt: skip
         self.anno = AnnotatedTransformer(layer.transform_param, check_phase(phase),
                                          list(param.batch_sampler),
                                          f"layer {layer.name!r} (AnnotatedData)")  # fmt: skip

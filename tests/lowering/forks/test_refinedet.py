@@ -136,18 +136,6 @@ def test_refusals_name_the_layer():
         _run(text, bad)
 
 
-def test_multibox_loss_with_arm_bottoms_is_refused_in_one_line():
-    shapes = {"loc": (1, 8), "conf": (1, 4), "pb": (1, 2, 8), "gt": (1, 1, 1, 8),
-              "arm_conf": (1, 4), "arm_loc": (1, 8)}  # fmt: skip
-    text = input_layer(shapes) + (
-        'layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "loc" bottom: "conf" '
-        'bottom: "pb" bottom: "gt" bottom: "arm_conf" bottom: "arm_loc" top: "loss" '
-        "multibox_loss_param { num_classes: 2 objectness_score: 0.01 } }\n"
-    )
-    with pytest.raises(NetError, match="layer 'mbox_loss' \\(type MultiBoxLoss\\): RefineDet"):
-        caffe2jax.compile(text, phase="TRAIN").init(0)
-
-
 def _head(name: str, bottom: str, out: int) -> str:
     return (
         f'layer {{ name: "{name}" type: "Convolution" bottom: "{bottom}" top: "{name}" '

@@ -248,9 +248,10 @@ def test_region_loss_trains_through_the_train_step():
     assert np.isfinite(losses).all() and losses[-1] < 0.5 * losses[0], losses
 
 
-def test_region_loss_of_eric612_is_one_clear_line():
-    """eric612's RegionLoss computes another loss (300 truths, rescore, loss/N): not lowered,
-    said naming the layer. A RegionLoss net with nothing of gklz1982's (BoxData) reads as
-    eric612's; dialect="yolov2" picks gklz1982's."""
-    with pytest.raises(NetError, match="layer 'loss'.*form 'eric612' has no lowering"):
-        compile_net(_region_net(), phase="TRAIN")
+def test_region_loss_with_eric612_given_wants_its_label():
+    """eric612's RegionLoss (lowering/forks/yolo_eric612.py): given dialect eric612,
+    gklz1982's net (4 biases, 30 truths) is refused in one line naming the layer; with no
+    dialect the label decides (tests/lowering/forks/test_yolo_eric612.py)."""
+    with pytest.raises(NetError, match="layer 'loss'.*eric612's RegionLoss"):
+        compile_net(_region_net(), phase="TRAIN", dialect="eric612")
+    assert compile_net(_region_net(), phase="TRAIN").net.layer("loss").form == ""

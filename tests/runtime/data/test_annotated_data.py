@@ -144,6 +144,9 @@ def test_one_line_errors(tmp_path, boxes_set):
         make_source(anno_layer(tmp_path / "db", 1, "", ""), "TRAIN")
     with pytest.raises(DataError, match="crop 8×8 is larger than the image 4×4"):
         make_source(anno_layer(tmp_path / "db", 1, "crop_size: 8", "anno_type: BBOX"), "TRAIN")
+    yolo = "anno_type: BBOX yolo_data_type: 1"  # eric612's YOLO label: refused, not SSD's rows
+    with pytest.raises(DataError, match="yolo_data_type 1 .eric612's .N, 1, 300, 5. YOLO label"):
+        make_source(anno_layer(tmp_path / "db", 1, "", yolo), "TRAIN")
 
 
 def test_max_rows_of_a_huge_batch_is_counted_not_listed():

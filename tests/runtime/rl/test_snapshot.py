@@ -4,6 +4,7 @@ exactly too; mismatched or unsupported resumes are refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -142,3 +143,26 @@ def test_refuses_another_seed_and_gym_envs(tmp_path):
     gym = PolicyGradientTrainer(solver, seed=1, env="gym:CartPole-v1")
     with pytest.raises(RLError, match="gym: environments cannot resume"):
         read_snapshot(gym, tmp_path / "s_iter_1.solverstate")
+
+
+def test_pong_ppo_resumes_exactly(tmp_path):
+    """examples/rl/pong_karpathy_ppo_solver.prototxt (Karpathy's net, PPO: 3 epochs × 4
+    minibatches a batch) on 2 emulators, 2 episodes a batch cut at 100 steps, the policy
+    evaluated 64 rows at a time: snapshotted after 2 batches and resumed, the run plays the
+    same episodes and ends with the params, Adam history, iter and PRNG key of the
+    uninterrupted run."""
+    solver = EXAMPLES / "pong_karpathy_ppo_solver.prototxt"
+    t = PolicyGradientTrainer(solver, seed=5, batch_size=2, num_envs=2, horizon=100)
+    assert (t.config.update.type, t.config.update.epochs, t.config.update.minibatches) == (
+        "PPO", 3, 4)  # fmt: skip
+    chunked = dataclasses.replace(t.config.update, chunk_rows=64)
+    t.learning = dataclasses.replace(t.learning, settings=chunked)
+    whole = t.run(episodes=8)
+    part = t.run(episodes=4)
+    write_snapshot(t, part, str(tmp_path / "p"))
+    assert t.iterations(part.state) == 24  # 2 batches × 12 minibatch updates
+    resumed = read_snapshot(t, tmp_path / "p_iter_24.solverstate")
+    rest = t.run(episodes=8, resume=resumed)
+    assert rest.returns == whole.returns and rest.steps == whole.steps
+    for a, b in zip(_arrays(whole.state), _arrays(rest.state)):
+        np.testing.assert_array_equal(a, b)
