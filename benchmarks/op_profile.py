@@ -3,6 +3,7 @@ trace, each op named by the Python line that emitted it (the optimized HLO's met
 PyTorch peer's operators from ``torch.profiler`` — the "profile first" of issue 39.
 
     python benchmarks/op_profile.py ssd|frcnn|segnet [--calls 3] [--top 25] [--peer]
+    python benchmarks/op_profile.py googlenet|resnet50 [--batch 1] [--peer]   # vs onnxruntime
 
 The case's own benchmark builds the runners (benchmarks/ssd_train.py, frcnn_train.py,
 segnet_train.py). XLA_FLAGS gets ``--xla_dump_to`` (the optimized HLO: each op's shape and
@@ -124,7 +125,60 @@ def runners(case: str):
         peer = segnet_train.torch_step(torch, segnet_train.class_weights())
         xt, yt = torch.from_numpy(x), torch.from_numpy(y[:, 0]).long()
         return (lambda: ours(x, y, 1)), (lambda: peer(xt, yt, 1))
-    raise SystemExit(f"unknown case {case!r}: ssd, frcnn or segnet")
+    if case in ("googlenet", "resnet50"):
+        return inference(case, BATCH)
+    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, googlenet or resnet50")
+
+
+BATCH = 1
+
+
+def inference(case: str, batch: int):
+    """GoogLeNet / ResNet-50 forward (benchmarks/onnx_runtime.py's nets and weights): the jitted
+    apply, and an onnxruntime session on caffe2jax's export with ``enable_profiling`` (its
+    per-node JSON is summarised by :func:`ort_table`)."""
+    import numpy as np
+    import onnx_runtime
+    import onnxruntime as ort
+
+    import caffe2jax
+
+    folder = Path(tempfile.mkdtemp())
+    net = onnx_runtime.GOOGLENET if case == "googlenet" else \
+        onnx_runtime.resnet50(folder / "r50.prototxt", batch)  # fmt: skip
+    model = caffe2jax.compile(net, input_shapes={"data": (batch, 3, 224, 224)})
+    params, state = onnx_runtime.weights(model)
+    path = caffe2jax.export_onnx(model, params, state, folder / "net.onnx", outputs=["prob"])
+    x = np.random.default_rng(0).uniform(0, 1, (batch, 3, 224, 224)).astype(np.float32)
+    forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
+    params, state, xj = jax.device_put((params, state, x))
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(folder / "ort")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    peer = lambda: session.run(["prob"], {"data": x})  # noqa: E731
+    peer.session = session
+    return (lambda: forward(params, state, xj)), peer
+
+
+def ort_table(session, top: int) -> str:
+    """onnxruntime's profile: µs per run by node type (its fused kernels keep their names)."""
+    events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sum(1 for e in events if e.get("name") == "model_run") or 1
+    by_op: dict[str, float] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"] / runs
+    total = sum(by_op.values()) / 1e3
+    lines = [
+        f"onnxruntime nodes: {total:.2f} ms per run",
+        "",
+        "| op | ms | share |",
+        "|---|---|---|",
+    ]
+    for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| {op} | {us / 1e3:.2f} | {us / 1e3 / total:.1%} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -132,15 +186,22 @@ def main() -> None:
     parser.add_argument("case")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--peer", action="store_true", help="also torch.profiler on the peer")
+    parser.add_argument("--peer", action="store_true", help="also profile the peer")
+    parser.add_argument("--batch", type=int, default=1, help="googlenet/resnet50 only")
     args = parser.parse_args()
+    global BATCH
+    BATCH = args.batch
     ours, peer = runners(args.case)
     for _ in range(2):
         jax.block_until_ready(ours())
     times, wall = trace_ops(ours, args.calls)
     print(f"{args.case}: caffe2jax {wall:.1f} ms per call (traced), load {os.getloadavg()[0]:.2f}")
     print(table(times, hlo_ops(), args.top))
-    if args.peer:
+    if args.peer and hasattr(peer, "session"):
+        for _ in range(args.calls + 1):
+            peer()
+        print(ort_table(peer.session, args.top))
+    elif args.peer:
         import torch
 
         peer()
