@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Row, machine, measure, write  # noqa: E402
+from benchmarks.harness import Row, machine, measure, result_line, write  # noqa: E402
 
 SIZE, CLASSES, SCALES = 224, 4, (2, 4, 8)
 
@@ -254,6 +254,7 @@ def main() -> None:
         measure(row, ours(Path(tmp)), peer, calls=1, blocks=args.blocks)
     write("frcnn_train", "Faster R-CNN (VGG16) training step", [row], info,
           "python benchmarks/frcnn_train.py")  # fmt: skip
+    print(result_line("faster-rcnn-vgg16-train-224", row.ours_ms, row.peer_ms))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,16 @@ def measure(row: Row, ours: Runner, peer: Callable[[], Runner], calls: int, bloc
     return row
 
 
+def result_line(case: str, ours_ms: float, peer_ms: float, peer: str = "torch-eager") -> str:
+    """The one machine-readable line a fork benchmark prints last (issue 39): both medians from
+    the same run and their ratio (caffe2jax's time ÷ the peer's), with the load average."""
+    ratio = ours_ms / peer_ms if peer_ms else float("nan")
+    fields = {"case": case, "caffe2jax_ms": round(ours_ms, 2), "peer": peer,
+              "peer_ms": round(peer_ms, 2), "ratio": round(ratio, 3),
+              "load_avg": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    return "RESULT " + json.dumps(fields)
+
+
 def machine() -> dict:
     import jax
 

@@ -121,7 +121,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per runner")
     a = p.parse_args()
+    import sys
+
     import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import result_line
 
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 255, (a.batch, 3, a.height, a.width)).astype(np.float32)
@@ -148,6 +153,8 @@ def main() -> None:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"| {name} | {median:.1f} | {ours / median:.2f} |")
+    peer_ms = statistics.median(times["PyTorch eager (hand-written)"])
+    print(result_line(f"segnet-basic-train-b{a.batch}-{a.height}x{a.width}", ours, peer_ms))
 
 
 if __name__ == "__main__":

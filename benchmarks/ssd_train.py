@@ -14,7 +14,7 @@ softmax cross-entropy over the number of matches), looping over images as torchv
 does. Timings on a shared machine are noisy: the median of ``--repeats`` blocks is printed.
 
     python benchmarks/ssd_train.py [--batch 4] [--size 300] [--steps 3] [--repeats 3]
-                                   [--engines auto,onednn-all:nchw]
+                                   [--engines auto,auto:xla-grads,onednn-all:nchw]
 """
 
 from __future__ import annotations
@@ -64,13 +64,15 @@ def batch_data(batch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def caffe2jax_runner(net, x, label, engines: str = "auto"):
     """One compiled train step per call (forward, backward, SGD update); ``engines``:
-    ``<conv setting>[:nchw]`` (lowering/engines/policy.py; ``:nchw`` turns the NHWC pass off)."""
+    ``<conv setting>[:nchw][:xla-grads]`` (lowering/engines/policy.py; ``:nchw`` turns the NHWC
+    pass off, ``:xla-grads`` the oneDNN gradients of 1×1 matrix products)."""
     from caffe2jax.lowering.engines.policy import EnginePolicy
     from caffe2jax.lowering.model import compile as compile_net
     from caffe2jax.runtime.train.step import Trainer
 
-    conv, _, layout = engines.partition(":")
-    policy = EnginePolicy(conv=conv, channels_last=layout != "nchw")
+    conv, *options = engines.split(":")
+    policy = EnginePolicy(conv=conv, channels_last="nchw" not in options,
+                          pointwise_onednn_grads="xla-grads" not in options)  # fmt: skip
     model = compile_net(net, "TRAIN", policy=policy)
     solver = caffe_pb2.SolverParameter(base_lr=LR, momentum=MOMENTUM, weight_decay=DECAY,
                                        lr_policy="fixed")  # fmt: skip
@@ -94,12 +96,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=300)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines", default="auto,onednn-all:nchw",
+    parser.add_argument("--engines", default="auto,auto:xla-grads",
                         help="caffe2jax engine policies to time, comma-separated")  # fmt: skip
     args = parser.parse_args()
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import result_line
     from ssd_torch import torch_runner
 
     net = net_param(args.batch, args.size)
@@ -126,6 +129,8 @@ def main() -> None:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"| {name} | {median:.0f} | {median / peer_ms:.2f} |")
+    ours_ms = statistics.median(next(iter(times.values())))  # the first engine setting
+    print(result_line(f"mobilenet-ssd-train-b{args.batch}-{args.size}", ours_ms, peer_ms))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Caffe's blobs are (N, C, H, W), and so are caffe2jax's inputs, outputs, every bl
 returns, params and weight files: this pass changes only the arrays *between* layers inside
 one ``Graph.run``. A layer type has a channels-last form when its family file registers one
 (``@convolution.nhwc(...)``, lowering/registry.py ``Lowering.nhwc``): today every 2-D
-Convolution (channel axis 1), and the Pooling (MAX/AVE), LRN, ReLU, Concat (axis 1) and Eltwise
+Convolution (channel axis 1), and the Pooling (MAX/AVE), LRN, ReLU, Concat (axis 1), Eltwise,
+BatchNorm and Scale (a learned per-channel scale)
 layers. :func:`plan` picks the layers that run channels-last: those whose type starts a chain
 (Convolution), and eligible layers reading a blob a channels-last layer produced. A blob
 crosses layouts with one transpose where an NCHW layer reads an NHWC blob or the reverse, and

@@ -9,11 +9,14 @@ test_conv_forms.py):
 * ``xla``: :func:`general`, ``lax.conv_general_dilated`` with the layout as a parameter.
 * ``onednn``: oneDNN's primitives (onednn.py), 2-D float32 on the CPU.
 * ``pointwise``: a channels-last 1×1 convolution as one matrix product over channels.
+* ``pointwise-dnn``: the same forward, its gradients by oneDNN's backward primitives (XLA:CPU
+  transposes the pixels × channels operands for the two gradient products).
 * ``patches``: a channels-last convolution as Caffe computes it, im2col + one matrix product.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -47,6 +50,27 @@ def pointwise(x: jax.Array, w: jax.Array, stride: Ints) -> jax.Array:
     return lax.dot_general(x, w2, (((3,), (1,)), ((), ())))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def pointwise_dnn(g: onednn.Geometry, x: jax.Array, w: jax.Array, stride: tuple) -> jax.Array:
+    """:func:`pointwise`'s forward; its gradients are oneDNN's (the convolution's true
+    derivative, as :func:`pointwise`'s autodiff, to float summation order). On a training
+    step's large 1×1 convolutions XLA:CPU's gradient products lay the (pixels, channels)
+    operands out channel-major with a transpose each; oneDNN's backward-weights reads them in
+    place (benchmarks/ssd_train.py, docs/performance.md)."""
+    return pointwise(x, w, stride)
+
+
+def _pointwise_dnn_fwd(g, x, w, stride):
+    return pointwise(x, w, stride), (x, w)
+
+
+def _pointwise_dnn_bwd(g, stride, res, dy):
+    return onednn.backward(g, *res, dy)
+
+
+pointwise_dnn.defvjp(_pointwise_dnn_fwd, _pointwise_dnn_bwd)
+
+
 def patches(x: jax.Array, w: jax.Array, stride: Ints, pad: Ints, dilation: Ints) -> jax.Array:
     """(N, H, W, C) ⊛ (O, C, kh, kw) as Caffe's im2col + GEMM: patches ordered (i, j, c), one
     matrix product with a contraction deep enough for the CPU where C is small."""
@@ -72,6 +96,9 @@ def convolve(
         return onednn.convolution(x, w, stride, pad, dilation, group, channels_last)
     if form == "pointwise":
         return pointwise(x, w, stride)
+    if form == "pointwise-dnn":
+        g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
+        return pointwise_dnn(g, x, w, tuple(stride))
     if form == "patches":
         return patches(x, w, stride, pad, dilation)
     if form != "xla":

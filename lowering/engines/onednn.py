@@ -356,7 +356,12 @@ def _fwd(g, x, w):
 
 
 def _bwd(g, res, dy):
-    x, w = res
+    return backward(g, *res, dy)
+
+
+def backward(g: Geometry, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple:
+    """The bottom and weight diffs of the convolution ``g`` (Caffe's Backward_cpu) by oneDNN's
+    backward-data and backward-weights primitives, whatever computed the forward."""
     dx = _call("bwd_data", g, g.shaped(g.x), dy, w)
     dw = _call("bwd_weights", g, g.w, x, dy)
     return dx, dw
@@ -365,17 +370,15 @@ def _bwd(g, res, dy):
 conv2d.defvjp(_fwd, _bwd)
 
 
+def geometry(x, w, stride, pad, dilation, group, channels_last: bool) -> Geometry:
+    """The :class:`Geometry` of ``x`` (N, H, W, C) if ``channels_last`` else (N, C, H, W)
+    convolved with ``w`` (O, C/group, kh, kw)."""
+    n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if channels_last else x.shape
+    return Geometry((n, c, h, wd), tuple(w.shape), tuple(stride), tuple(pad), tuple(dilation),
+                    group, channels_last)  # fmt: skip
+
+
 def convolution(x, w, stride, pad, dilation, group, channels_last: bool) -> jax.Array:
     """``lax.conv_general_dilated``'s result for a float32 2-D Caffe convolution, by oneDNN:
     ``x`` (N, H, W, C) if ``channels_last`` else (N, C, H, W), ``w`` (O, C/group, kh, kw)."""
-    n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if channels_last else x.shape
-    g = Geometry(
-        (n, c, h, wd),
-        tuple(w.shape),
-        tuple(stride),
-        tuple(pad),
-        tuple(dilation),
-        group,
-        channels_last,
-    )
-    return conv2d(g, x, w)
+    return conv2d(geometry(x, w, stride, pad, dilation, group, channels_last), x, w)

@@ -46,7 +46,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 # Pooling's: "phases" (windows as strided views; backward as phase sums), "phases-rw" (the
 # same backward, the forward XLA's reduce_window, which reads its input once), "xla"
 # (reduce_window and its autodiff).
-CONV_FORMS = ("xla", "onednn", "pointwise", "patches")
+CONV_FORMS = ("xla", "onednn", "pointwise", "pointwise-dnn", "patches")
 POOL_FORMS = ("phases", "phases-rw", "xla")
 
 
@@ -79,7 +79,9 @@ class EnginePolicy:
     channel per group, several groups) go to oneDNN whatever their size.
 
     ``pointwise``: on the CPU a channels-last 1×1, unpadded, ungrouped convolution is one
-    matrix product over channels. ``patches``: on the CPU a channels-last convolution of at
+    matrix product over channels; where oneDNN's rule also takes it, its gradients are
+    oneDNN's (``pointwise-dnn``: MobileNet-SSD's train step, docs/performance.md).
+    ``patches``: on the CPU a channels-last convolution of at
     most ``few_channels`` input channels and ``patches_max_macs`` multiply-adds that oneDNN
     does not take is im2col + one matrix product.
 
@@ -105,6 +107,9 @@ class EnginePolicy:
     # XLA:CPU otherwise copies a 1×1 kernel into HWIO on every call (benchmarks/fast_paths.py
     # --path pointwise).
     pointwise: bool = True
+    # A 1×1 matrix product under oneDNN's size rule takes oneDNN's gradients ("pointwise-dnn"):
+    # XLA:CPU transposes both gradient products' operands (benchmarks/op_profile.py ssd).
+    pointwise_onednn_grads: bool = True
     # ≤ 4 input channels: first layers on RGB or grey images. Up to 64M multiply-adds, where
     # benchmarks/fast_paths.py --path patches measured it ahead (LeNet b64 train 0.90×, CIFAR-10
     # full b1 0.92×); first layers of ImageNet nets measured faster on oneDNN.
@@ -142,7 +147,8 @@ class EnginePolicy:
     def conv_form(self, c: ConvShape) -> str:
         """The form a convolution runs in (one of :data:`CONV_FORMS`)."""
         if c.channels_last and self._pointwise(c):
-            return "pointwise"
+            dnn = self.pointwise_onednn_grads and self._onednn(c)
+            return "pointwise-dnn" if dnn else "pointwise"
         if self._onednn(c):
             return "onednn"
         if c.channels_last and self._patches(c):

@@ -266,6 +266,20 @@ def scale(layer, params, bottoms, ctx):
     return [y]
 
 
+def _per_channel(layer, shapes) -> bool:
+    """A learned scale over the channel axis alone of a 4-D bottom: the channels-last form."""
+    p = layer.param.scale_param
+    return len(shapes) == 1 and p.axis in (1, -3) and p.num_axes == 1
+
+
+@scale.nhwc(when=_per_channel)
+def _(layer, params, bottoms, ctx):
+    """The same on a channels-last (N, H, W, C) bottom: the (C,) blobs broadcast on the last
+    axis (lowering/layout.py)."""
+    y = bottoms[0] * params[0]
+    return [y + params[-1] if layer.param.scale_param.bias_term else y]
+
+
 @scale.param_shapes
 def _(layer, bottom_shapes):
     p = layer.param.scale_param

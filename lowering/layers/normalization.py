@@ -38,11 +38,23 @@ def batch_norm(layer, params, bottoms, ctx):
     the blobs come back as maf·b0 + μ, maf·b1 + m/(m−1)·σ² (m = count / channels; factor 1
     when m = 1) and maf·b2 + 1.
     """
+    return _batch_norm(layer, params, bottoms[0], ctx, nhwc=False)
+
+
+@batch_norm.nhwc
+def _(layer, params, bottoms, ctx):
+    """The same on a channels-last (N, H, W, C) bottom (lowering/layout.py: a Convolution →
+    BatchNorm → Scale → ReLU chain stays channels-last, MobileNet-SSD's and ResNet's)."""
+    return _batch_norm(layer, params, bottoms[0], ctx, nhwc=True)
+
+
+def _batch_norm(layer, params, x, ctx, nhwc: bool):
+    """BatchNorm over ``x`` viewed (A, C, B): (N, C, H·W) in Caffe's layout, (N·H·W, C, 1)
+    channels-last; statistics over axes 0 and 2 either way."""
     p = layer.param.batch_norm_param
-    (x,) = bottoms
     mean_sum, var_sum, factor = params
-    c = _bn_channels(x.shape)
-    x3 = x.reshape(x.shape[0], c, -1)
+    c = x.shape[-1] if nhwc else _bn_channels(x.shape)
+    x3 = x.reshape(-1, c, 1) if nhwc else x.reshape(x.shape[0], c, -1)
     if _use_global_stats(layer, ctx.phase):
         zero = factor[0] == 0
         inv = jnp.where(zero, 0.0, 1.0 / jnp.where(zero, 1.0, factor[0]))

@@ -114,6 +114,52 @@ def test_layer_same_after_a_convolution(case):
     compare(on, off, params, state, {"data": x})
 
 
+BN_CHAIN = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 3 dim: 4 dim: 7 dim: 6 } } }
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 3 dim: 5 dim: 7 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+        convolution_param { num_output: 5 kernel_size: 3 pad: 1 bias_term: false
+                            weight_filler { type: "gaussian" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" %s }
+layer { name: "scale" type: "Scale" bottom: "c" top: "c"
+        scale_param { bias_term: true filler { type: "gaussian" } bias_filler { type: "gaussian" } } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "c" bottom: "t" top: "loss" }
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize("bn_param", ["", "batch_norm_param { use_global_stats: true }"])
+def test_batchnorm_and_scale_stay_channels_last_under_jit(bn_param):
+    """Convolution → BatchNorm → Scale → ReLU runs channels-last (MobileNet-SSD's and ResNet's
+    chains, no transpose between them): under jit, in value_and_grad of the loss, the loss,
+    every blob, every gradient and BatchNorm's updated statistics equal the NCHW run's to
+    float rounding — batch statistics (TRAIN) and global ones. (The convolution has no bias:
+    before batch statistics its gradient is exactly 0, only rounding left to compare.)"""
+    net = load_net(BN_CHAIN % bn_param, "TRAIN")
+    on, off = both(net)
+    assert {"bn", "scale", "relu"} <= on.graph.nhwc_layers, on.graph.nhwc_layers
+    params, state = off.init(0)
+    state["bn"] = [np.full(5, 0.3, np.float32), np.full(5, 2.0, np.float32), np.ones(1, np.float32)]
+    rng = np.random.default_rng(2)
+    inputs = {"data": rng.standard_normal((3, 4, 7, 6)).astype(np.float32),
+              "t": rng.standard_normal((3, 5, 7, 6)).astype(np.float32)}  # fmt: skip
+    results = []
+    for model in (on, off):
+        loss = lambda p, m=model: m.loss(p, state, inputs, jax.random.key(3))  # noqa: E731
+        grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        results.append(grad(params))
+    leaves_on, leaves_off = (jax.tree_util.tree_leaves_with_path(r) for r in results)
+    assert len(leaves_on) == len(leaves_off) > 10
+    for (path, a), (_, b) in zip(leaves_on, leaves_off):
+        close(a, b, jax.tree_util.keystr(path))
+
+
+def test_scale_over_other_axes_stays_in_caffes_layout():
+    """A Scale over more than the channel axis (num_axes 2) has no channels-last form."""
+    text = BN_CHAIN.replace("bias_term: true", "bias_term: true num_axes: 2") % ""
+    assert "scale" not in Model(load_net(text, "TRAIN")).graph.nhwc_layers
+
+
 def test_plan_starts_at_a_convolution():
     """A pooling or ReLU that reads no channels-last blob stays NCHW (two transposes for
     nothing); a Concat on axis 2 or an unsupported type ends the chain."""

@@ -185,7 +185,11 @@ def test_channels_last_forms_are_registered_on_their_lowering():
     with_nhwc = {t for t, f in registered_forms() if lowering_of(t, f).nhwc_fn is not None}
     forks = {"ConvolutionDepthwise", "DepthwiseConvolution", "ShuffleChannel", "Axpy", "ReLU6",
              "Mish", "Upsample", "Interp", "BN"}  # fmt: skip
-    assert with_nhwc == {"Convolution", "Pooling", "LRN", "ReLU", "Concat", "Eltwise"} | forks
+    assert (
+        with_nhwc
+        == {"Convolution", "Pooling", "LRN", "ReLU", "Concat", "Eltwise", "BatchNorm", "Scale"}
+        | forks
+    )
     starts = sorted({t for t, f in registered_forms() if lowering_of(t, f).nhwc_starts})
     assert starts == ["Convolution", "ConvolutionDepthwise", "DepthwiseConvolution"]
     relu = lowering_of("ReLU")

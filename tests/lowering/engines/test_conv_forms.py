@@ -6,12 +6,14 @@ test_onednn.py."""
 
 from __future__ import annotations
 
+import platform
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from caffe2jax.lowering.engines import conv_forms
+from caffe2jax.lowering.engines import conv_forms, onednn
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.model import compile as compile_net
 from tests import jitted
@@ -20,6 +22,7 @@ from tests.lowering.layers.test_vision import conv_ref
 jax.config.update("jax_default_matmul_precision", "highest")
 
 RNG = np.random.default_rng(20240607)
+ON_CPU = jax.default_backend() == "cpu"
 
 
 def _conv_form_vs_lax_conv(form, on_off, x, conv_param, tol):
@@ -65,6 +68,23 @@ def test_pointwise_convolution_as_a_matrix_product_equals_the_convolution(stride
     param = f"num_output: 4 kernel_size: 1 stride: {stride}"
     policies = EnginePolicy(conv="xla", pointwise=True), EnginePolicy(conv="xla", pointwise=False)
     shape = _conv_form_vs_lax_conv("pointwise", policies, x, param, 1e-6)
+    assert shape == (2, 4, -(-7 // stride), -(-5 // stride))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_with_onednn_gradients_equals_the_convolution(stride):
+    """A 1×1 convolution under oneDNN's size rule (``pointwise-dnn``): the matrix product
+    forward, oneDNN's backward-data and backward-weights; the top, the bottom diff and the
+    weight and bias diffs equal lax.conv's under jit, to float rounding (strided too: the
+    bottom diff is 0 at the pixels the stride skips)."""
+    if (platform.system(), platform.machine()) != ("Linux", "x86_64") or not ON_CPU:
+        pytest.skip("oneDNN (onednn-cpu-gomp) is the CPU's on Linux x86-64 only")
+    assert onednn.available() is None, onednn.available()  # a dependency there: must load
+    x = RNG.standard_normal((2, 6, 7, 5)).astype(np.float32)
+    param = f"num_output: 4 kernel_size: 1 stride: {stride}"
+    on = EnginePolicy(onednn_min_macs=1)
+    shape = _conv_form_vs_lax_conv("pointwise-dnn", (on, EnginePolicy(conv="xla", pointwise=False)),
+                                   x, param, 1e-5)  # fmt: skip
     assert shape == (2, 4, -(-7 // stride), -(-5 // stride))
 
 

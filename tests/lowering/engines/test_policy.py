@@ -117,6 +117,11 @@ def conv(x=(8, 16, 32, 32), w=(32, 16, 3, 3), pad=(1, 1), group=1, macs=None, dt
     "fields,c,form",
     [
         ({}, conv(w=(32, 16, 1, 1), pad=(0, 0)), "pointwise"),
+        # a 1×1 under oneDNN's size rule: the matrix product forward, oneDNN's gradients
+        ({}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=16_000_000), "pointwise-dnn"),
+        ({"conv": "xla"}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=16_000_000), "pointwise"),
+        ({"pointwise_onednn_grads": False}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=16_000_000),
+         "pointwise"),
         ({"pointwise": False}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=1), "xla"),
         ({}, conv(w=(32, 16, 1, 1), pad=(1, 1), macs=1), "xla"),  # padded: not a matmul
         ({}, conv(w=(32, 16, 1, 1), pad=(0, 0), channels_last=False, macs=1), "xla"),
@@ -148,8 +153,8 @@ def test_conv_form(fields, c, form):
     the 1×1 matrix product, then oneDNN's size rule, then im2col patches, else lax.conv.
     (Where libdnnl does not load, oneDNN's convolutions are lax.conv's: none of these cases
     falls back to another form.)"""
-    if form == "onednn" and onednn.available() is not None:
-        form = "xla"
+    if onednn.available() is not None:
+        form = {"onednn": "xla", "pointwise-dnn": "pointwise"}.get(form, form)
     assert EnginePolicy(**{"backend": "cpu", **fields}).conv_form(c) == form
 
 
