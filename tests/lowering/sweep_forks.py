@@ -135,3 +135,35 @@ FORK_SWEEP["BoxAnnotatorOHEM"] = (
     'bottom: "labels" bottom: "w" top: "labels_ohem" top: "w_ohem" '
     "box_annotator_ohem_param { roi_per_img: 2 ignore_label: -1 } }"
 )
+
+# issue 35's fork families: CTPN, YOLOv2 (gklz1982), soeaver's caffe-priv, RCF
+FORK_SWEEP["Lstm"] = _input("x", 3, 1, 4) + (
+    'layer { name: "l" type: "Lstm" bottom: "x" top: "y" lstm_param { num_output: 2 '
+    'weight_filler { type: "gaussian" std: 0.1 } } }'
+)
+FORK_SWEEP["Reverse"] = _input("x", 3, 1, 4) + (
+    'layer { name: "r" type: "Reverse" bottom: "x" top: "y" reverse_param { axis: 0 } }'
+)
+FORK_SWEEP["Transpose"] = _input("x", 1, 2, 3, 4) + (
+    'layer { name: "t" type: "Transpose" bottom: "x" top: "y" '
+    "transpose_param { dim: 0 dim: 2 dim: 3 dim: 1 } }"
+)
+FORK_SWEEP["RegionLoss"] = (
+    _input("x", 1, 2 * (5 + 3), 3, 3)
+    + _input("label", 1, 150)
+    + 'layer { name: "l" type: "RegionLoss" bottom: "x" bottom: "label" top: "loss" '
+    "region_loss_param { side: 3 num_class: 3 coords: 4 num: 2 "
+    "biases: 1.0 biases: 1.2 biases: 2.5 biases: 1.8 } }"
+)
+FORK_SWEEP["SeLu"] = _input("x", 1, 2, 3, 3) + (
+    'layer { name: "s" type: "SeLu" bottom: "x" top: "y" }'
+)
+FORK_SWEEP["SeLuDropout"] = _input("x", 1, 2, 3, 3) + (
+    'layer { name: "s" type: "SeLuDropout" bottom: "x" top: "y" '
+    "selu_dropout_param { dropout_ratio: 0.2 } }"
+)
+FORK_SWEEP["AutoCrop"] = (
+    _input("data", 1, 1, 8, 8) + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+    "convolution_param { num_output: 1 kernel_size: 3 } }\n"
+    'layer { name: "a" type: "AutoCrop" bottom: "data" bottom: "c" top: "y" }'
+)

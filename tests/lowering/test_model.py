@@ -67,9 +67,10 @@ def sweep_cases() -> dict[str, str]:
 
 # Checked by their own tests below or in tests/runtime/data (ImageData needs image files;
 # MatWrite: tests/runtime/data/test_mat_write.py; the face-recognition layers, whose nets need
-# labels: tests/lowering/forks/test_face.py).
+# labels: tests/lowering/forks/test_face.py; BoxData reads an LMDB of the YOLOv2 fork's
+# records: tests/runtime/data/test_box_data.py).
 SWEPT_ELSEWHERE = {"ImageData", "WindowData", "HDF5Output", "DenseImageData", "ImageSegData",
-                   "VideoData", "AnnotatedData", "RoIData", "MatWrite",
+                   "VideoData", "AnnotatedData", "RoIData", "MatWrite", "BoxData",
                    "CenterLoss", "Flip", "LabelSpecificAdd", "LargeMarginInnerProduct",
                    "MarginInnerProduct"}  # fmt: skip
 
