@@ -13,6 +13,7 @@ from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its
     faceboxes,
     mobile,
     mycaffe,
+    pvanet,
     rcnn,
     rcnn_proposal,
     rcnn_roi,
