@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from caffe2jax.frontend.forks.catalog_face import FACE_FORKS
+from caffe2jax.frontend.forks.catalog_pvanet import PVANET_FORKS
 from caffe2jax.frontend.forks.catalog_ssd_derived import SSD_DERIVED_FORKS
 from caffe2jax.frontend.forks.catalog_tail import TAIL_FORKS
 from caffe2jax.frontend.forks.catalog_yolo_ctpn import YOLO_CTPN_FORKS
@@ -253,6 +254,7 @@ FORKS: tuple[Fork, ...] = (
     *YOLO_CTPN_FORKS,
     *SSD_DERIVED_FORKS,
     *TAIL_FORKS,
+    *PVANET_FORKS,
 )  # fmt: skip
 
 FORKS_BY_KEY: Mapping[str, Fork] = MappingProxyType({f.key: f for f in FORKS})

@@ -42,7 +42,6 @@ TYPE_KINDS: Mapping[str, str] = MappingProxyType(
 #: Fields of forks caffe2jax's schema does not hold, for messages that name their owner.
 UNKNOWN_FORK_FIELDS: Mapping[str, str] = MappingProxyType(
     {
-        "proposal_param": "OpenCV's Proposal layer (opencv-caffe.proto)",
         "normalize_bbox_param": "OpenCV's Normalize layer (opencv-caffe.proto; caffe2jax "
         "reads SSD's norm_param)",
         "correlation_param": "the Correlation layer of FlowNet's Caffe (synopsys-caffe)",

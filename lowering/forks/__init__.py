@@ -14,6 +14,7 @@ from caffe2jax.lowering.forks import (  # noqa: F401 - each module registers its
     fpn,
     mobile,
     mycaffe,
+    pvanet,
     rcf,
     rcnn,
     rcnn_proposal,

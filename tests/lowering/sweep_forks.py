@@ -93,6 +93,11 @@ FORK_SWEEP = {
     + _input("t", 2, 4)
     + _input("w", 2, 4)
     + 'layer { name: "s" type: "SmoothL1Loss" bottom: "p" bottom: "t" bottom: "w" top: "y" }',
+    "Proposal": _input("prob", 1, 2, 3, 3)
+    + _input("deltas", 1, 4, 3, 3)
+    + _input("info", 1, 4)
+    + 'layer { name: "p" type: "Proposal" bottom: "prob" bottom: "deltas" bottom: "info" '
+    'top: "rois" top: "scores" proposal_param { ratio: 1 scale: 2 min_size: 0 } }',
 }
 
 # CRNN (lowering/forks/crnn.py): the inputs are ones, so the labels read "1 1" (T = 4 aligns them)

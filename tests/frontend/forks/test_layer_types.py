@@ -16,9 +16,9 @@ INPUT = 'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 
 
 def test_a_field_of_a_fork_names_its_layer():
     with pytest.raises(PrototxtError) as err:
-        read_net('layer { name: "p" type: "Proposal" proposal_param { feat_stride: 16 } }')
+        read_net('layer { name: "c" type: "Correlation" correlation_param { pad: 20 } }')
     message = str(err.value)
-    assert "'proposal_param' is a field of OpenCV's Proposal layer" in message
+    assert "'correlation_param' is a field of the Correlation layer of FlowNet's Caffe" in message
     assert "does not support yet" in message and "did you mean" not in message
 
 
