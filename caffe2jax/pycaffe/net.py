@@ -225,6 +225,8 @@ class Net:
     def _run_forward(self, lo: int, hi: int, wanted: list[str]) -> None:
         if lo == 0:  # Caffe's data layers run first: their tops are this forward's inputs
             for user, value in self._net.feeder.next_batches().items():
+                if self.blobs[user].shape != np.shape(value):  # a top sized per batch
+                    self.blobs[user].reshape(*np.shape(value))
                 self.blobs[user].set_data(value)
             for host in self._net.host:
                 host.forward()  # writes into the blobs it was handed (use_tops)

@@ -34,8 +34,8 @@ smooth_L1_loss_layer.cpp:
   weights are given, so the layer is a ``jax.custom_vjp`` (with two bottoms it coincides with
   the true gradient). (With two bottoms and no sigma Faster R-CNN's form computes the same.)
 * AnnotatedData: images with boxes, read by the runtime's pipeline
-  (caffe2jax.runtime.data.annotated_data); its label top is (1, 1, G, 8), G fixed when the
-  layer opens (padding rows of −1: lowering/boxes/matching.py).
+  (caffe2jax.runtime.data.readers.annotated_data); its label top is (1, 1, R, 8), R each
+  batch's bucket of rows (padding rows of −1: lowering/boxes/matching.py; docs/detection.md).
 * VideoData (form ``ssd``: ``video_type``, ``device_id``, ``video_file``): SSD's webcam or
   video-file reader, refused when the net is compiled (C3D's VideoData is supported:
   lowering/forks/c3d.py).

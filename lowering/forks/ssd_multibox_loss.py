@@ -3,8 +3,8 @@ with static shapes inside the compiled step (no host round trip).
 
 Bottoms: loc (N, P·L·4) [prior][loc class][4] (L = 1 with ``share_location``), conf (N, P·C)
 raw scores [prior][class], prior (1, 2, P·4) from PriorBox, label (…, G, 8) rows [item_id,
-group_label, instance_id, xmin, ymin, xmax, ymax, difficult] with a fixed G: rows whose
-item_id is −1 are padding and ignored (lowering/boxes/matching.py). Per image:
+group_label, instance_id, xmin, ymin, xmax, ymax, difficult], any G: rows whose item_id is
+−1 are padding and ignored, the same bits at any G (lowering/boxes/matching.py). Per image:
 
 1. **Matching** (MatchBBox) of the priors (``use_prior_for_matching``) or the decoded
    predictions against the image's ground truth (difficult boxes dropped unless

@@ -42,6 +42,12 @@ class DataSource(ABC):
     def close(self) -> None:
         """Release files and databases."""
 
+    def pad_to(self, batch: list, shapes: list[tuple[int, ...]]) -> list:
+        """``batch`` at ``shapes`` (each at least the batch's own): a source whose tops are
+        sized per batch (AnnotatedData's label rows) pads them, where one shape is needed
+        across batches (a device mesh, iter_size passes); others have one shape already."""
+        return list(batch)
+
     def skip(self, batches: int = 1) -> None:
         """Move past ``batches`` batches as Caffe's ``DataLayer::Skip`` moves past the records
         of other solvers: the reader ends exactly where reading them would leave it (cursor,
@@ -178,11 +184,17 @@ class ItemSource(DataSource):
         self.transformer(items(), draws, out[0][rows.start : rows.stop])
         return decoding[0]
 
+    def batch_of(self, planned: Planned, out: list[np.ndarray]) -> list[np.ndarray]:
+        """The arrays handed to the net once ``out`` (a slot of :meth:`empty_batch`'s shapes)
+        holds ``planned``: ``out`` itself, or views of its heads where a top is sized per
+        batch (AnnotatedData's label)."""
+        return out
+
     def next_batch(self) -> list[np.ndarray]:
         planned = self.plan()
         out = self.empty_batch()
         self.fill(planned, range(self.batch_size), out)
-        return out
+        return self.batch_of(planned, out)
 
     def skip(self, batches: int = 1) -> None:
         """Move past ``batches`` batches: the records are not read, nothing is decoded, and

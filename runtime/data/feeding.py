@@ -8,6 +8,7 @@ Data, ImageData, HDF5Data and WindowData read through ``caffe2jax.runtime.data``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +100,23 @@ class Feeder:
         for name, source in self.sources.items():
             batches.update(zip(self.layers[name].top_names, source.next_batch()))
         return batches
+
+    def padded_alike(self, passes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The iter_size passes' inputs with each data layer's tops at one shape, the largest
+        of the passes' (:meth:`~caffe2jax.runtime.data.base.DataSource.pad_to`: AnnotatedData
+        sizes its label per batch), so that the passes share one compiled step."""
+        if len(passes) < 2:
+            return passes
+        passes = [dict(p) for p in passes]
+        for name, source in self.sources.items():
+            tops = [t for t in self.layers[name].top_names if t in passes[0]]
+            pad = getattr(source, "pad_to", None)
+            if pad is None or len(tops) != len(self.layers[name].top_names):
+                continue
+            shapes = [tuple(np.max([np.shape(p[t]) for p in passes], axis=0)) for t in tops]
+            for p in passes:
+                p.update(zip(tops, pad([p[t] for t in tops], shapes), strict=True))
+        return passes
 
     def stats(self) -> dict[str, float]:
         """The pipeline's seconds per stage (plan, decode, transform, put on the device) and

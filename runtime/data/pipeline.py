@@ -146,12 +146,13 @@ class Filler:
             decode, total = future.result()  # re-raises a worker's error
             self.stats.add(decode_s=decode, transform_s=total - decode)
         self.stats.add(batches=1, items=self.reader.batch_size)
+        batch = self.reader.batch_of(job.planned, job.out)
         if not self.to_device:
-            return put((job.out, job.state, job.targets[0][0]))
+            return put((batch, job.state, job.targets[0][0]))
         import jax
 
         start = time.perf_counter()
-        placed = [(jax.device_put(job.out, device), tag) for tag, device in job.targets]
+        placed = [(jax.device_put(batch, device), tag) for tag, device in job.targets]
         jax.block_until_ready([batch for batch, _ in placed])  # the slot is read: free it
         self.stats.add(put_s=time.perf_counter() - start)
         if not _aliased([batch for batch, _ in placed], job.out):

@@ -155,6 +155,9 @@ class Prefetcher(DataSource):
     def top_shapes(self) -> list[tuple[int, ...]]:
         return self.source.top_shapes()
 
+    def pad_to(self, batch: list, shapes: list[tuple[int, ...]]) -> list:
+        return self.source.pad_to(batch, shapes)
+
     def next_batch(self) -> list[np.ndarray]:
         """The next batch, in order (numpy arrays, or jax arrays with ``to_device``)."""
         if self.plan is not None:

@@ -145,7 +145,9 @@ def read_round(feeder: Any, plan: ReadPlan, start: int, count: int, mesh: Mesh) 
             pairs = _prefetched(name, source, plan, start, count)
         else:
             pairs = follow(source, plan, start, start + count)
+        pad = getattr(source, "pad_to", None)  # the declared shapes: one program, every device
         for slot, batch in pairs:
+            batch = batch if pad is None else pad(batch, source.top_shapes())
             kept[slot].update(zip(tops, batch, strict=True))
     return [kept[slot] for slot in slots]
 

@@ -168,7 +168,7 @@ class SolverLoop:
             fed = data_parallel.read_round(self.train.feeder, plan, 0, self.mesh.size, self.mesh)
             fed = [fill(f) if fill is not None else f for f in fed]
             out.append(data_parallel.assemble(fed, self.mesh))
-        return out
+        return self.train.feeder.padded_alike(out) if self.mesh is None else out
 
     def _flush_losses(self) -> None:
         for iteration, loss in self._pending:

@@ -4,16 +4,23 @@ key order with wrap-around as the ``Data`` layer reads Datums, each item transfo
 boxes by :mod:`.annotated_transform` (distort, expand, batch samplers, resize, crop, mirror,
 mean and scale, in the fork's order).
 
-Tops: ``data`` (N, C, H, W) and ``label`` (1, 1, G, 8), one row per box of the batch,
+Tops: ``data`` (N, C, H, W) and ``label`` (1, 1, R, 8), one row per box of the batch,
 ``[item_id, group_label, instance_id, xmin, ymin, xmax, ymax, difficult]``, items in order and
-each item's boxes in its record's order, as the fork writes them. **Static shapes**: the fork
-sizes the label top per batch (the boxes that survived); a compiled step needs one shape, so
-G is fixed when the layer is set up and the rows after the real ones are padding, every value
--1 (``item_id`` -1: no box; a batch without any box is all padding, where the fork writes one
-such row). G is the most boxes any batch can hold: the sum of the ``batch_size`` largest box
-counts of the database's records (each counted as often as a batch can repeat it when the
-database holds fewer records than a batch). Transforms only ever drop boxes, so no batch
-overflows G; it is scanned once (box counts only) when the layer opens.
+each item's boxes in its record's order, as the fork writes them. **Bucketed shapes**: the
+fork sizes the label top per batch (the boxes that survived); a compiled step needs fixed
+shapes, so a batch's R is its box count rounded up to a bucket (:func:`bucket_rows`: a power
+of two, at least 8, at most G) and the rows after the real ones are padding, every value -1
+(``item_id`` -1: no box; a batch without any box is all padding, where the fork writes one
+such row). A step compiles once per bucket met (a handful: log2(G/8) + 2 at most), and a
+batch pays for its own boxes, not the largest record's (MultiBoxLoss ignores the padding
+rows: the loss and its gradients are the same bits at any R). G, the declared top shape
+(``top_shapes``), is the most boxes any batch can hold: the sum of the ``batch_size``
+largest box counts of the database's records (each counted as often as a batch can repeat it
+when the database holds fewer records than a batch), so R ≤ G ≤ batch_size × the largest
+record's count. Transforms only ever drop boxes, so no batch overflows G; it is scanned once
+(box counts only) when the layer opens. Where one shape is needed across batches (several
+devices: one program for every device's batch; iter_size passes: one step),
+:meth:`AnnotatedDataSource.pad_to` pads a batch's label to it.
 
 With one top, or a database whose records have no annotation type, the fork's label is the
 Datum's; caffe2jax requires the label top and BBOX records. ``annotated_data_param.anno_type``
@@ -49,6 +56,7 @@ from caffe2jax.runtime.data.transform.annotated import AnnotatedTransformer
 from caffe2jax.runtime.data.transform.image_header import header_size
 
 BBOX = caffe_pb2.AnnotatedDatum.BBOX
+SMALLEST_BUCKET = 8  # label rows of the smallest bucket
 
 
 def max_rows(counts: list[int], batch_size: int) -> int:
@@ -62,6 +70,12 @@ def max_rows(counts: list[int], batch_size: int) -> int:
         take = min(repeats, left)
         total, left = total + take * count, left - take
     return max(1, total)
+
+
+def bucket_rows(count: int, worst: int, smallest: int = SMALLEST_BUCKET) -> int:
+    """The label rows of a batch of ``count`` boxes: the next power of two ≥ ``count``, at
+    least ``smallest``, at most ``worst`` (:func:`max_rows`, which no batch exceeds)."""
+    return min(worst, max(smallest, 1 << max(0, count - 1).bit_length()))
 
 
 @reader("AnnotatedData")
@@ -134,10 +148,10 @@ class AnnotatedDataSource(DataLayerSource):
         return channels, size[1], size[0]
 
     def plan(self) -> Planned:
-        """The next batch's records with every item's random choices, and the label top."""
+        """The next batch's records with every item's random choices, and the label top at
+        the batch's bucket."""
         planned = super().plan()
-        rows = np.full((self.rows, ROW), -1, np.float32)
-        at, items = 0, []
+        parts, items = [], []
         for item, (position, (key, value)) in enumerate(zip(planned.positions, planned.records,
                                                             strict=True)):  # fmt: skip
             record, boxes = self._record(key, value)
@@ -145,25 +159,47 @@ class AnnotatedDataSource(DataLayerSource):
             rng = np.random.default_rng([self.key, int(position)])
             shape = self._size(record.datum, where)
             recipe, kept = self.anno.plan(rng, shape, boxes, bool(record.datum.encoded))
-            rows[at : at + len(kept)] = kept.rows(item)
-            at += len(kept)
+            parts.append(kept.rows(item))
             items.append((record.datum, recipe, where))
+        count = sum(len(part) for part in parts)
+        rows = np.full((bucket_rows(count, self.rows), ROW), -1, np.float32)
+        if count:
+            rows[:count] = np.concatenate(parts)
         return Planned((items, rows[None, None]), planned.positions)
 
     def fill(self, planned: Planned, rows: range, out: list[np.ndarray]) -> float:
         """Decode and transform the items ``rows`` into their rows of the data top; the label
-        top (planned whole) is written by the worker that has the first row."""
+        (planned whole) is written at the head of the slot's label top by the worker that
+        has the first row."""
         items, labels = planned.records
         if rows.start == 0:
-            out[1][...] = labels
+            out[1][:, :, : labels.shape[2]] = labels
         for row in rows:
             datum, recipe, where = items[row]
             image = datum_to_array(datum, mode=self.transformer.decode_mode, where=where)
             self.anno.apply(image, recipe, out[0][row])
         return 0.0
 
+    def batch_of(self, planned: Planned, out: list[np.ndarray]) -> list[np.ndarray]:
+        """The data top, and the head of the slot's label top: the batch's bucket of rows."""
+        return [out[0], out[1][:, :, : planned.records[1].shape[2]]]
+
+    def pad_to(self, batch: list, shapes: list[tuple[int, ...]]) -> list:
+        """``batch`` with its label padded by -1 rows to ``shapes``' (host or device arrays;
+        a device array is padded on its device)."""
+        label = batch[1]
+        missing = shapes[1][2] - label.shape[2]
+        if missing <= 0:
+            return list(batch)
+        widths = ((0, 0), (0, 0), (0, missing), (0, 0))
+        if isinstance(label, np.ndarray):
+            return [batch[0], np.pad(label, widths, constant_values=-1)]
+        import jax.numpy as jnp
+
+        return [batch[0], jnp.pad(label, widths, constant_values=-1)]
+
     def _item(self, record: object) -> tuple[np.ndarray, float]:
         raise NotImplementedError("AnnotatedData fills its rows itself")
 
 
-__all__ = ["AnnotatedDataSource", "max_rows"]
+__all__ = ["AnnotatedDataSource", "bucket_rows", "max_rows"]

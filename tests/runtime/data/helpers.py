@@ -40,3 +40,21 @@ def data_layer(source: Path, batch: int, extra: str = "", transform: str = "") -
         f'name: "d" type: "Data" top: "data" top: "label" transform_param {{ {transform} }} '
         f'data_param {{ source: "{source}" batch_size: {batch} backend: LMDB {extra} }}'
     )
+
+
+def write_annotated_db(path: Path, counts: list[int], size: int = 8, seed: int = 0) -> Path:
+    """An LMDB of BBOX AnnotatedDatum records, record ``i`` holding ``counts[i]`` random boxes
+    (labels 1–3, inside [0, 1]) on a random uint8 size×size image."""
+    from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum
+
+    rng = np.random.default_rng(seed)
+    with Writer(path) as writer:
+        for i, count in enumerate(counts):
+            image = rng.integers(0, 256, (3, size, size), dtype=np.uint8)
+            centre = rng.uniform(0.2, 0.8, (count, 2))
+            side = rng.uniform(0.1, 0.4, (count, 2))
+            boxes = np.clip(np.concatenate([centre - side / 2, centre + side / 2], 1), 0, 1)
+            record = annotated_datum(array_to_datum(image),
+                                     Boxes.of(boxes, rng.integers(1, 4, count)))  # fmt: skip
+            writer.put(f"{i:08d}", record.SerializeToString())
+    return path

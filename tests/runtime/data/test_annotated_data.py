@@ -1,6 +1,6 @@
-"""SSD's AnnotatedData layer (runtime/data/readers/annotated_data.py): shapes and the fixed label
-top (real rows first, -1 padding), the fork's recipe on the synthetic set, the same bytes with
-worker threads and on resume, and one-line errors."""
+"""SSD's AnnotatedData layer (runtime/data/readers/annotated_data.py): shapes and the label top
+(real rows first, -1 padding, each batch at its own bucket of rows), the fork's recipe on the
+synthetic set, the same bytes with worker threads and on resume, and one-line errors."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from caffe2jax.frontend.errors import DataError
 from caffe2jax.runtime.data.base import plain
 from caffe2jax.runtime.data.prefetch import Prefetcher
-from caffe2jax.runtime.data.readers.annotated_data import max_rows
+from caffe2jax.runtime.data.readers.annotated_data import bucket_rows, max_rows
 from caffe2jax.runtime.data.records.annotated_datum import Boxes, annotated_datum, decode_annotated
 from caffe2jax.runtime.data.records.datum import array_to_datum
 from caffe2jax.runtime.data.records.db import Writer, open_db
 from caffe2jax.runtime.data.sources import make_source
 from examples.detection.synthetic_boxes import make_dataset
 
-from .helpers import layer
+from .helpers import layer, write_annotated_db
 
 SSD_TRANSFORM = """mirror: true mean_value: 127.5 mean_value: 127.5 mean_value: 127.5
 scale: 0.007843 resize_param { resize_mode: WARP height: 48 width: 48 interp_mode: LINEAR
@@ -64,6 +64,7 @@ def test_ssd_recipe_shapes_and_label_rows(boxes_set):
         data, label = source.next_batch()
         assert data.shape == (4, 3, 48, 48) and np.abs(data).max() <= 1.0001
         rows = label[0, 0]
+        assert len(rows) == bucket_rows(int((rows[:, 0] >= 0).sum()), g)
         real = rows[:, 0] >= 0
         n = int(real.sum())
         assert real[:n].all() and (rows[n:] == -1).all()  # real rows first, padding all -1
@@ -161,3 +162,40 @@ def test_a_huge_batch_size_is_refused_in_one_line(boxes_set):
         source.next_batch()
     assert len(str(error.value).splitlines()) == 1, str(error.value)
     source.close()
+
+
+def test_bucket_rows():
+    assert [bucket_rows(n, 5002) for n in (0, 1, 8, 9, 16, 17, 4000, 4097, 5002)] == [
+        8, 8, 8, 16, 16, 32, 4096, 5002, 5002]  # fmt: skip
+    assert bucket_rows(0, 1) == 1 and bucket_rows(3, 5) == 5  # never past the worst batch
+    # a handful of sizes: log2(G / 8) + 2 at most
+    assert len({bucket_rows(n, 5002) for n in range(5003)}) == 11
+
+
+HUGE = [2, 2, 2, 5000, 2, 2, 2, 2]  # one record of 5,000 boxes among 2-box records
+
+
+@pytest.mark.parametrize(("workers", "to_device"), [(0, False), (2, True)])
+def test_a_huge_record_costs_only_its_own_batch(tmp_path, workers, to_device):
+    """Issue 37: one 5,000-box record among 2-box records. The declared label top is the
+    worst batch (G = 5,000 + 2 with batch 2); every other batch's label is at the smallest
+    bucket (8 rows), the huge record's batch at G; never more than batch × worst × 8 floats.
+    The real rows are the same as the worst-record padding's, in the same order."""
+    db = write_annotated_db(tmp_path / "db", HUGE)
+    text = anno_layer(db, batch=2, transform="", samplers="")
+    worst = 2 * max(HUGE)
+    source = make_source(text, "TEST", seed=0)
+    with Prefetcher(source, 2, workers=workers, to_device=to_device) as reader:
+        assert reader.top_shapes()[1] == (1, 1, 5002, 8)
+        sizes = []
+        for _ in range(2 * len(HUGE) // 2):  # two passes over the records
+            data, label = reader.next_batch()
+            assert label.size <= 2 * worst * 8 and data.shape == (2, 3, 8, 8)
+            sizes.append(label.shape[2])
+            padded = reader.pad_to([data, label], reader.top_shapes())[1]
+            rows, padded = np.asarray(label[0, 0]), np.asarray(padded[0, 0])
+            real = int((rows[:, 0] >= 0).sum())
+            assert (rows[real:] == -1).all() and real <= len(rows)
+            assert padded.shape == (5002, 8) and (padded[real:] == -1).all()
+            np.testing.assert_array_equal(padded[:real], rows[:real])
+    assert sizes == [8, 5002, 8, 8] * 2

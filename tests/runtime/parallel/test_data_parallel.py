@@ -208,3 +208,16 @@ def test_coordinator_that_does_not_answer(tmp_path):
     assert time.monotonic() - start < 60
     line = one_line_error(cli("train", "--solver", solver, "--num-processes", 2, devices=1))
     assert "--coordinator HOST:PORT" in line
+
+
+def test_annotated_data_on_two_devices_equals_iter_size_two(tmp_path):
+    """AnnotatedData sizes each batch's label to its bucket of rows (issue 37); a mesh needs
+    one shape for every device's batch, so there the labels are padded back to the declared
+    worst batch: 2 devices × batch 2 train and test as one device with iter_size 2 (whose two
+    passes share the larger bucket). Tolerance TOL as above (pmean against a sum of passes)."""
+    worker = "tests.runtime.train.annotated_buckets"
+    proc = subprocess.run([sys.executable, "-m", worker, str(tmp_path)], capture_output=True,
+                          text=True, env=env_with(2), cwd=ROOT, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["params"] <= TOL and result["test"] <= TOL * max(1.0, result["loss"])
