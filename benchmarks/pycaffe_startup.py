@@ -11,9 +11,12 @@ processes, side by side with OpenCV's dnn module.
   lines come from one profile of the fused program, all at once after it ran
   (``--per-layer-programs`` would print each after its layer's compile).
 
-Prints a markdown table. Timings on a shared machine are noisy: label them so.
+Each round runs the three scripts back to back (caffe2jax first run, second run, OpenCV), on
+a fresh cache folder, so caffe2jax and its peer alternate; the table gives each round's
+ratios and the medians. Prints the load average too: timings on a shared machine are noisy,
+the ratios (same round) are what to compare.
 
-    python benchmarks/pycaffe_startup.py [--full]
+    python benchmarks/pycaffe_startup.py [--rounds N] [--full] [--no-time]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,6 +136,8 @@ def time_lines(model: Path, env: dict[str, str], full: bool) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--full", action="store_true", help="also time to the last layer line")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the three scripts")
+    parser.add_argument("--no-time", action="store_true", help="skip the `caffe2jax time` rows")
     args = parser.parse_args()
     import caffe2jax
 
@@ -140,27 +146,40 @@ def main() -> None:
     caffe2jax.Net(str(GOOGLENET), caffe2jax.TEST, seed=0).save(str(weights))
     resnet = work / "resnet152.prototxt"
     resnet152(resnet)
-    env = {**os.environ, "CAFFE2JAX_CACHE_DIR": str(work / "cache")}
-    env.pop("CAFFE2JAX_NO_COMPILE_CACHE", None)
     files = [str(GOOGLENET), str(weights)]
-    first, what = launch_to_output(PYCAFFE, files, env)
-    second, _ = launch_to_output(PYCAFFE, files, env)
-    opencv, peer = launch_to_output(OPENCV, files, env)
-    t_first = time_lines(resnet, env, args.full)
-    t_second = time_lines(resnet, env, args.full)
+    rows = []
+    for k in range(args.rounds):
+        env = {**os.environ, "CAFFE2JAX_CACHE_DIR": str(work / f"cache{k}")}
+        env.pop("CAFFE2JAX_NO_COMPILE_CACHE", None)
+        load = os.getloadavg()[0]
+        first, what = launch_to_output(PYCAFFE, files, env)
+        second, _ = launch_to_output(PYCAFFE, files, env)
+        opencv, peer = launch_to_output(OPENCV, files, env)
+        rows.append((load, first, second, opencv))
+        print(f"round {k}: load {load:.1f}; first {first:.2f} s, second {second:.2f} s, "
+              f"OpenCV {opencv:.2f} s: {first / opencv:.2f}x, {second / opencv:.2f}x",
+              flush=True)  # fmt: skip
+    if not args.no_time:
+        t_first = time_lines(resnet, env, args.full)
+        t_second = time_lines(resnet, env, args.full)
     print(f"machine: {platform.machine()} {os.cpu_count()} cores; python "
-          f"{sys.version.split()[0]}; shared machine, noisy")  # fmt: skip
+          f"{sys.version.split()[0]}; load average {os.getloadavg()[0]:.1f} at the end "
+          "(shared machine, noisy)")  # fmt: skip
     print(f"pycaffe output {what}; OpenCV output {peer}")
     print("| case | caffe2jax | OpenCV dnn | ratio |")
     print("|---|---|---|---|")
+    first, second, opencv = (statistics.median(r[i] for r in rows) for i in (1, 2, 3))
+    ratios = [statistics.median(r[i] / r[3] for r in rows) for i in (1, 2)]
     print(
         f"| GoogLeNet deploy b10: script launch → first output, first run (empty cache) | "
-        f"{first:.2f} s | {opencv:.2f} s | {first / opencv:.1f}× |"
+        f"{first:.2f} s | {opencv:.2f} s | {ratios[0]:.2f}× |"
     )
     print(
         f"| GoogLeNet deploy b10: script launch → first output, second run (cache) | "
-        f"{second:.2f} s | {opencv:.2f} s | {second / opencv:.1f}× |"
+        f"{second:.2f} s | {opencv:.2f} s | {ratios[1]:.2f}× |"
     )
+    if args.no_time:
+        return
     for label, (a, b) in (("first run", t_first), ("second run", t_second)):
         last = f"; last layer line {b:.1f} s" if b is not None else ""
         print(

@@ -47,7 +47,8 @@ _ALL = (
              "how many input shape signatures a net keeps compiled (least recently used "
              "dropped)", "lowering/shape_cache.py"),
     Variable("CAFFE2JAX_NO_COMPILE_CACHE", "unset, or anything but `0` to turn it off",
-             "turns JAX's persistent compilation cache off (as `--no-compile-cache`)",
+             "turns JAX's persistent compilation cache and the start-up cache beside it off (as "
+             "`--no-compile-cache`)",
              "runtime/host/compile_cache.py"),
     Variable("CAFFE2JAX_CACHE_DIR",
              "unset: the OS's user cache folder + `caffe2jax/xla` (`~/.cache/caffe2jax/xla` on "

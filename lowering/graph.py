@@ -30,7 +30,7 @@ from jax import lax
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.backward import resolve_backward
-from caffe2jax.frontend.errors import CaffeError, InputShapeError, NetError
+from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
 from caffe2jax.lowering.engines.policy import EnginePolicy
@@ -49,45 +49,12 @@ from caffe2jax.lowering.registry import (
     lookup,
 )
 from caffe2jax.lowering.sharing import resolve_sharing
+from caffe2jax.lowering.util import applying as _applying
+from caffe2jax.lowering.util import at_layer as _at
 from caffe2jax.lowering.util import fail as _fail
+from caffe2jax.lowering.util import shape_list as _shape_list
 
 Params = dict[str, list[Any]]
-
-
-def _locate(layer: ir.Layer, err: NetError) -> NetError:
-    """``err`` naming the layer and, when known, its file:line (same error class)."""
-    text = str(err)
-    if f"layer '{layer.name}'" not in text:
-        text = f"layer '{layer.name}' (type {layer.type}): {text}"
-    if layer.where and not text.startswith(layer.where):
-        text = layer.where + text
-    return type(err)(text)
-
-
-@contextlib.contextmanager
-def _at(layer: ir.Layer):
-    """NetErrors raised while handling ``layer`` carry its name and file:line."""
-    try:
-        yield
-    except NetError as err:
-        raise _locate(layer, err) from None
-
-
-@contextlib.contextmanager
-def _applying(layer: ir.Layer, shapes: Sequence[Shape]):
-    """A lowering failing on its bottoms' shapes: a NetError with file:line, layer, shapes."""
-    try:
-        yield
-    except CaffeError as err:  # a NetError gets the layer's place; data or weights errors pass
-        raise (_locate(layer, err) if isinstance(err, NetError) else err) from None
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        given = _shape_list(layer.bottom_names, shapes)
-        raise _fail(layer, f"cannot apply to bottom(s) {given}: {first}") from None
-
-
-def _shape_list(names: Sequence[str], shapes: Sequence[Shape]) -> str:
-    return ", ".join(f"'{n}' {list(s)}" for n, s in zip(names, shapes))
 
 
 class Graph:
@@ -101,7 +68,10 @@ class Graph:
         precision: str | Precision | None = None,
         channels_last: bool | None = None,
         policy: EnginePolicy | None = None,
+        known_tops: Mapping[str, Sequence[Shape]] | None = None,
     ):
+        """``known_tops``: each layer's top shapes as an identical build inferred them (a
+        start-up cache's), used instead of tracing the layer with ``jax.eval_shape``."""
         self.dtype = jnp.dtype(dtype)
         self.precision = resolve(precision)
         self.policy = resolve_policy(policy)
@@ -120,6 +90,7 @@ class Graph:
         self.carries: dict[str, list[ParamDecl]] = {}
         self.inputs: dict[str, Shape] = {}
         self._input_ssa: dict[str, str] = {}
+        self._known = dict(known_tops or {})
         shapes = self.infer_shapes(net, dict(input_shapes or {}))
         self.shared = resolve_sharing(net, self.decls)
         net = net.with_shapes(shapes)
@@ -188,7 +159,9 @@ class Graph:
         carries = lowering.declare_carry(layer, bottom_shapes)
         if carries:
             self.carries[layer.name] = carries
-        tops = self._eval_tops(k, layer, lowering, bottom_shapes)
+        tops = self._known.get(layer.name)
+        if tops is None or len(tops) != len(layer.tops):
+            tops = self._eval_tops(k, layer, lowering, bottom_shapes)
         shapes.update(zip(layer.tops, tops))
 
     def _eval_tops(self, k, layer, lowering, bottom_shapes) -> list[Shape]:

@@ -129,12 +129,14 @@ class Model:
         policy: EnginePolicy | None = None,
         *,
         upto: str | None = None,
+        known_tops: Mapping[str, Sequence[tuple[int, ...]]] | None = None,
     ):
         """``upto`` (a layer name): infer shapes only for the layers up to that one (see
-        :meth:`reshape`)."""
+        :meth:`reshape`). ``known_tops``: each layer's top shapes from an identical earlier
+        build (a start-up cache's; see :class:`Graph`)."""
         args = (net, input_shapes, dtype, precision, channels_last, policy)
         if upto is None:
-            self.graph = Graph(*args)
+            self.graph = Graph(*args, known_tops=known_tops)
         else:
             self.graph = _Prefix([layer.name for layer in net.layers].index(upto), *args)
         self.upto = upto

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
 from caffe2jax.frontend import ir
-from caffe2jax.frontend.errors import NetError
+from caffe2jax.frontend.errors import CaffeError, NetError
 
 
 def fail(layer: ir.Layer, problem: str) -> NetError:
@@ -33,3 +34,40 @@ def nchw(shape: Sequence[int]) -> tuple[int, ...]:
 
 # the (N, H, W) axes and the per-channel shape of a 4-D blob: NCHW, or channels-last (NHWC)
 CHANNEL_AXES = {False: ((0, 2, 3), (1, -1, 1, 1)), True: ((0, 1, 2), (1, 1, 1, -1))}
+
+
+def locate(layer: ir.Layer, err: NetError) -> NetError:
+    """``err`` naming the layer and, when known, its file:line (same error class)."""
+    text = str(err)
+    if f"layer '{layer.name}'" not in text:
+        text = f"layer '{layer.name}' (type {layer.type}): {text}"
+    if layer.where and not text.startswith(layer.where):
+        text = layer.where + text
+    return type(err)(text)
+
+
+@contextlib.contextmanager
+def at_layer(layer: ir.Layer):
+    """NetErrors raised while handling ``layer`` carry its name and file:line."""
+    try:
+        yield
+    except NetError as err:
+        raise locate(layer, err) from None
+
+
+@contextlib.contextmanager
+def applying(layer: ir.Layer, shapes: Sequence[Sequence[int]]):
+    """A lowering failing on its bottoms' shapes: a NetError with file:line, layer, shapes."""
+    try:
+        yield
+    except CaffeError as err:  # a NetError gets the layer's place; data or weights errors pass
+        raise (locate(layer, err) if isinstance(err, NetError) else err) from None
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        given = shape_list(layer.bottom_names, shapes)
+        raise fail(layer, f"cannot apply to bottom(s) {given}: {first}") from None
+
+
+def shape_list(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> str:
+    """``'name' [dims], …`` for error messages."""
+    return ", ".join(f"'{n}' {list(s)}" for n, s in zip(names, shapes))

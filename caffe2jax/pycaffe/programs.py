@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from caffe2jax.lowering import ranges
 from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_blobs import retrace, settle
+from caffe2jax.runtime.host import startup_cache
 
 EVERY_BLOB = None  # ``returned`` for a forward that returns every blob version
 
@@ -23,7 +24,8 @@ def forward(model: Model, lo: int, hi: int, returned: frozenset[str] | None) -> 
     """``(params, state, env, key) -> (out, state, key, rng)``: ForwardFromTo(lo, hi), the
     net's key advanced as Caffe's RNG is by a forward. ``out`` holds the blob versions in
     ``returned`` (:data:`EVERY_BLOB`: all of them): XLA computes nothing else and copies
-    nothing else out."""
+    nothing else out. Its executable is kept in the start-up cache
+    (:mod:`caffe2jax.runtime.host.startup_cache`): a second run loads it."""
     key = ("forward", lo, hi, returned)
     if key not in model.programs:
         fn = ranges.forward_fn(model.graph, lo, hi)
@@ -35,7 +37,9 @@ def forward(model: Model, lo: int, hi: int, returned: frozenset[str] | None) -> 
                 env = {v: env[v] for v in returned}
             return env, state, key, rng
 
-        model.programs[key] = jax.jit(step)
+        name = ("forward", lo, hi, None if returned is None else sorted(returned))
+        model.programs[key] = startup_cache.program(jax.jit(step), startup_cache.model_key(model),
+                                                    name)  # fmt: skip
     return model.programs[key]
 
 

@@ -34,7 +34,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 
 from caffe2jax.frontend import ir
@@ -118,6 +117,8 @@ def ctc_loss(layer, params, bottoms, ctx):
     feasible = lengths + repeats <= steps
     logits = jnp.transpose(x[:steps], (1, 0, 2)).astype(jnp.promote_types(x.dtype, jnp.float32))
     paddings = (~keep_slots(lengths, flat.shape[1])).astype(logits.dtype)
+    import optax  # here, not at the top: optax's import is ~0.3 s of every net's start-up
+
     cost = optax.ctc_loss(logits, jnp.zeros(logits.shape[:2], logits.dtype), flat, paddings,
                           blank_id=p.blank_label)  # fmt: skip
     total = jnp.sum(jnp.where(feasible, cost, 0)).astype(x.dtype)

@@ -35,6 +35,7 @@ _SETTINGS = {
 }  # fmt: skip
 _ours: Path | None = None  # the folder this module set, if any
 _decided = False  # an entry point chose (the CLI's --no-compile-cache): the default stays out
+_off = False  # enable(False) turned it off (the startup cache follows: startup_cache.py)
 
 
 def cache_dir() -> Path:
@@ -49,6 +50,11 @@ def cache_dir() -> Path:
 def switched_off() -> bool:
     """Whether ``$CAFFE2JAX_NO_COMPILE_CACHE`` turns the cache off (anything but 0/empty)."""
     return environment.value(NO_CACHE_ENV) not in ("", "0")
+
+
+def turned_off() -> bool:
+    """Whether an entry point turned the cache off for this process (``enable(False)``)."""
+    return _off
 
 
 def _users_own() -> bool:
@@ -66,8 +72,9 @@ def enable(compile_cache: bool = True) -> Path | None:
     """Turn the cache on (or, with ``compile_cache`` false or the environment switch, off)
     for this process; returns the folder in use, or None. Works before JAX is imported
     (through the environment JAX reads) and after (through ``jax.config``)."""
-    global _ours, _decided
+    global _ours, _decided, _off
     _decided = True
+    _off = not compile_cache
     if _users_own():
         return None
     if not compile_cache or switched_off():

@@ -19,6 +19,7 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.python_layer import HostDataLayer, host_data_layers
 from caffe2jax.lowering.registry import type_problem
 from caffe2jax.runtime.data.feeding import Feeder, Sinks
+from caffe2jax.runtime.host import startup_cache
 
 
 @dataclass
@@ -55,7 +56,9 @@ class CompiledNet:
         shapes = feeder.input_shapes()
         for layer in host:
             shapes.update(layer.shapes())
-        model = Model(net, shapes, dtype, precision)
+        key = startup_cache.net_key(net, shapes, (np.dtype(dtype).name, precision))
+        model = Model(net, shapes, dtype, precision, known_tops=startup_cache.known_tops(key))
+        startup_cache.keep_tops(key, startup_cache.top_shapes(model.net))
         return cls(model, feeder, Sinks(net), jax.random.key(seed), host)
 
     def next_inputs(self) -> dict[str, Any]:
