@@ -266,9 +266,8 @@ def _check_tops(bound: _Bound, tops: list, bottom_shapes: tuple[Shape, ...],
     shown = f"{[list(s) for s in got]} (compiled for {[list(s) for s in expected]})"
     if replayed:
         raise bound.fail(
-            f"its forward gave tops of shapes {shown} from the same bottom shapes in one "
-            "program: the iter_size passes of one iteration must give the same top shapes "
-            "(set iter_size 1, or batch_size for the images in one pass)"
+            f"tops {shown} in one program: iter_size passes must give equal top shapes; set "
+            "iter_size: 1, or use the built-in layer (CAFFE2JAX_PYTHON_LAYERS=builtin)"
         )
     bound.top_shapes[bottom_shapes] = got
     raise TopsReshaped(

@@ -2,10 +2,11 @@
 changed to ``import caffe2jax as caffe``, against a mini user checkout in its layout
 (tests/pycaffe/frcnn_user: a RoIDataLayer served with ``set_roidb`` and an AnchorTargetLayer,
 both class-style reading ``self.param_str_``; the proposal and proposal target layers are
-caffe2jax's built-ins since the checkout has no such modules)."""
+caffe2jax's built-ins: the fixture's copy of the checkout leaves their modules out)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,12 +24,19 @@ STDS = np.array([0.1, 0.1, 0.2, 0.2])
 
 
 @pytest.fixture
-def user_checkout():
-    """The checkout's lib folder on sys.path, as tools/_init_paths.py puts it; removed after."""
-    sys.path.insert(0, str(USER))
+def user_checkout(tmp_path):
+    """The checkout's lib folder on sys.path, as tools/_init_paths.py puts it, without its
+    proposal and proposal target layers (the built-ins run for them:
+    test_frcnn_own_layers.py runs the user's); removed after."""
+    lib = tmp_path / "lib"
+    shutil.copytree(USER, lib)
+    for module in ("proposal_layer", "proposal_target_layer"):
+        (lib / "rpn" / f"{module}.py").unlink()
+    sys.path.insert(0, str(lib))
     yield
-    sys.path.remove(str(USER))
-    for name in [m for m in sys.modules if m.split(".")[0] in ("rpn", "roi_data_layer")]:
+    sys.path.remove(str(lib))
+    for name in [m for m in sys.modules if m.split(".")[0] in ("rpn", "roi_data_layer",
+                                                                 "fast_rcnn")]:  # fmt: skip
         del sys.modules[name]
 
 

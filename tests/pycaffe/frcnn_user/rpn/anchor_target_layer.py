@@ -74,9 +74,12 @@ class AnchorTargetLayer(caffe.Layer):
             return out
 
         lab = unmap(labels, -1).reshape(1, height, width, a).transpose(0, 3, 1, 2)
-        top[0].data[...] = lab.reshape(1, 1, a * height, width)
-        for i, x in enumerate((_targets(anchors, gt[arg]), w_in, w_out), 1):
-            top[i].data[...] = unmap(x, 0).reshape(1, height, width, 4 * a).transpose(0, 3, 1, 2)
+        tops = [lab.reshape(1, 1, a * height, width)]
+        for x in (_targets(anchors, gt[arg]), w_in, w_out):
+            tops.append(unmap(x, 0).reshape(1, height, width, 4 * a).transpose(0, 3, 1, 2))
+        for blob, value in zip(top, tops):  # the original reshapes its tops here
+            blob.reshape(*value.shape)
+            blob.data[...] = value
 
     def backward(self, top, propagate_down, bottom):
         pass
