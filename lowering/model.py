@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -205,6 +205,14 @@ class Model:
         """Caffe's net objective and ``(blobs, state)``: use with value_and_grad(has_aux=True).
         One compiled program, as :meth:`apply`; ``jax.grad`` of it compiles the backward too."""
         return self._program("loss")(params, state, _host_arrays(inputs), rng)
+
+    def loss_in_pass(self, index: int) -> Callable:
+        """:meth:`loss` for pass ``index`` of a Caffe iteration (its iter_size passes), traced
+        inside :func:`python_class.in_pass`: with class-style Python layers each pass gets its
+        own program (JAX would reuse one trace, and with it pass 0's top shapes)."""
+        if index == 0 or not self.runs_python_layers:
+            return self.loss
+        return self._program(f"loss#{index}")
 
     def _program(self, name: str) -> Any:
         """The jitted forward (``apply``) or objective (``loss``) of this member, built once."""

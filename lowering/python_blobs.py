@@ -7,6 +7,7 @@ gave its tops (Caffe lets a layer reshape its tops in ``Forward``)."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +60,21 @@ class HostBlob:
     channels = property(lambda self: self._legacy(1))
     height = property(lambda self: self._legacy(2))
     width = property(lambda self: self._legacy(3))
+
+
+def copied(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Attributes with numpy arrays copied (what a layer's backward may read of its forward)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in attributes.items()}
+
+
+def load_blobs(blobs: Sequence[HostBlob], values: Sequence[Any]) -> None:
+    """``values`` into ``blobs`` (reshaped where they differ), diffs zeroed."""
+    for blob, value in zip(blobs, values):
+        value = np.asarray(value)
+        if blob.shape != value.shape:
+            blob.reshape(*value.shape)
+        blob.data[...] = value
+        blob.diff[...] = 0
 
 
 class BlobVec(list):
@@ -197,6 +213,26 @@ logging.getLogger("jax._src.callback").addFilter(_Reported())
 _passes = _Passes()
 _passes_lock = threading.Lock()
 MAX_RETRACES = 8
+
+
+_slot: contextvars.ContextVar[int] = contextvars.ContextVar("caffe2jax_pass_slot", default=0)
+
+
+@contextlib.contextmanager
+def in_pass(index: int) -> Iterator[None]:
+    """Trace pass ``index`` of a Caffe iteration (one of its iter_size ForwardBackward
+    calls): its Python layers' tops take the shapes their forward gave in that pass, so passes
+    of one iteration may give different counts (py-R-FCN's OHEM proposals at iter_size 2)."""
+    token = _slot.set(int(index))
+    try:
+        yield
+    finally:
+        _slot.reset(token)
+
+
+def pass_slot() -> int:
+    """The index (within its iteration) of the pass traced now: 0 outside :func:`in_pass`."""
+    return _slot.get()
 
 
 def current_pass() -> tuple[int, bool] | None:

@@ -9,7 +9,8 @@ A later ``reshape`` or ``forward`` may give other shapes (py-faster-rcnn's propo
 knows its count only after NMS): the callback raises :class:`TopsReshaped`, the tops take the
 new shapes (``_Bound.top_shapes``; :func:`is_current`), and the runtime's :func:`retrace` runs
 the pass again with the program of those shapes (one per shape signature, kept in the model's
-bounded family), the layer's forward not run twice.
+bounded family), the layer's forward not run twice. The iter_size passes of an iteration keep
+their own top shapes (keyed by the pass, :func:`in_pass`): each may give its own count.
 
 Inside the compiled program the layer runs on the host through JAX callbacks, with numpy
 ``bottom``/``top`` blobs (``.data``, ``.diff``, ``.reshape``, ``.num`` …):
@@ -50,12 +51,16 @@ from jax.experimental import io_callback
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.phase import Phase
-from caffe2jax.lowering.python_blobs import (  # noqa: F401 - user_errors, retrace: callers'
+from caffe2jax.lowering.python_blobs import (  # noqa: F401 - user_errors, retrace, in_pass: callers'
     BlobVec,
     HostBlob,
     TopsReshaped,
+    copied,
     current_pass,
+    in_pass,
     layer_error,
+    load_blobs,
+    pass_slot,
     record_error,
     retrace,
     settle,
@@ -90,7 +95,8 @@ class _Bound:
     name: str
     bottom: list[HostBlob]
     top: list[HostBlob]
-    top_shapes: dict[tuple[Shape, ...], tuple[Shape, ...]] = field(default_factory=dict)
+    # (pass index within an iteration, bottom shapes) -> top shapes (:func:`tops_for`)
+    top_shapes: dict[tuple[int, tuple[Shape, ...]], tuple[Shape, ...]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     serial: int = 0
     holds: int = 0  # the forward whose attributes the instance holds now
@@ -105,18 +111,25 @@ class _Bound:
     def fail(self, problem: str) -> NetError:
         return NetError(f"{self.named}: {problem}")
 
+    def tops_for(self, slot: int, bottoms: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
+        """The top shapes of pass ``slot`` (within an iteration) at ``bottoms``: those its
+        last forward in that pass gave, else pass 0's (a pass not run yet)."""
+        found = self.top_shapes.get((slot, bottoms))
+        return self.top_shapes.get((0, bottoms)) if found is None else found
+
 
 @dataclass
 class _Record:
     """A forward run inside a pass: what it read and gave, for the pass run again."""
 
     serial: int
+    slot: int  # the pass within its iteration (iter_size passes)
     inputs: list[np.ndarray]  # params then bottoms
     tops: list[np.ndarray]
     attributes: dict[str, Any]
 
-    def same_inputs(self, serial: int, inputs: Sequence[Any]) -> bool:
-        same = len(inputs) == len(self.inputs) and serial == self.serial
+    def same_inputs(self, serial: int, slot: int, inputs: Sequence[Any]) -> bool:
+        same = len(inputs) == len(self.inputs) and (serial, slot) == (self.serial, self.slot)
         return same and all(np.array_equal(a, b) for a, b in zip(self.inputs, inputs))
 
 
@@ -151,7 +164,8 @@ def _forget(key: int):
 
 def bind(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> _Bound:
     """The layer's instance (created and ``setup`` on first use), reshaped for
-    ``bottom_shapes``. User exceptions from ``setup``/``reshape`` propagate unchanged."""
+    ``bottom_shapes`` (in the pass :func:`pass_slot` names). User exceptions from
+    ``setup``/``reshape`` propagate unchanged."""
     entry = _BOUND.get(id(layer))
     bound = entry[1] if entry is not None and entry[0]() is layer else None
     shapes = tuple(tuple(int(d) for d in s) for s in bottom_shapes)
@@ -162,12 +176,15 @@ def bind(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> _Bound:
         _calling(bound, "setup", instance.setup, bound.bottom, bound.top)
         key = id(layer)
         _BOUND[key] = (weakref.ref(layer, _forget(key)), bound)
-    if shapes not in bound.top_shapes:
+    slot = pass_slot()
+    if (slot, shapes) not in bound.top_shapes and (0, shapes) in bound.top_shapes:
+        bound.top_shapes[slot, shapes] = bound.top_shapes[0, shapes]
+    if (slot, shapes) not in bound.top_shapes:
         for blob, shape in zip(bound.bottom, shapes):
             if blob.shape != shape:
                 blob.reshape(*shape)
         _calling(bound, "reshape", bound.instance.reshape, bound.bottom, bound.top)
-        bound.top_shapes[shapes] = tuple(t.shape for t in bound.top)
+        bound.top_shapes[slot, shapes] = tuple(t.shape for t in bound.top)
     return bound
 
 
@@ -202,8 +219,10 @@ def built_tops(net: ir.Net) -> tuple[tuple[Any, Shape, tuple[Shape, ...]], ...]:
 
 def is_current(built: Sequence[tuple[Any, Shape, tuple[Shape, ...]]]) -> bool:
     """Whether each layer of ``built`` still gives its tops the shapes a net was built with
-    (a forward since may have reshaped them: :class:`TopsReshaped`)."""
-    return all(bound.top_shapes.get(bottoms) == tops for bound, bottoms, tops in built)
+    in the pass :func:`pass_slot` names (a forward since may have reshaped them:
+    :class:`TopsReshaped`)."""
+    slot = pass_slot()
+    return all(bound.tops_for(slot, bottoms) == tops for bound, bottoms, tops in built)
 
 
 def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
@@ -218,58 +237,40 @@ def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
 # -- callbacks ----------------------------------------------------------------------------------
 
 
-def _copied(attributes: dict[str, Any]) -> dict[str, Any]:
-    """Attributes with numpy arrays copied (what a layer's backward may read of its forward)."""
-    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in attributes.items()}
-
-
-def _load(blobs: Sequence[HostBlob], values: Sequence[Any]) -> None:
-    for blob, value in zip(blobs, values):
-        value = np.asarray(value)
-        if blob.shape != value.shape:
-            blob.reshape(*value.shape)
-        blob.data[...] = value
-        blob.diff[...] = 0
-
-
-def _forward_once(bound: _Bound, inputs: list[Any], n_params: int) -> tuple[list, bool]:
-    """The layer's tops for ``inputs`` (params then bottoms): Caffe's Layer::Forward
-    (``reshape`` then ``forward``), or, in a pass :func:`retrace` runs again, what its forward
-    of that pass gave for the same inputs (its attributes as that forward left them); whether
-    they were given back."""
+def _forward_once(bound: _Bound, inputs: list[Any], n_params: int, slot: int) -> list:
+    """The layer's tops for ``inputs`` (params then bottoms) in pass ``slot`` of its
+    iteration: Caffe's Layer::Forward (``reshape`` then ``forward``), or, in a pass
+    :func:`retrace` runs again, what its forward of that pass gave for the same inputs (its
+    attributes as that forward left them)."""
     inst, now = bound.instance, current_pass()
     if now is not None and now[1]:
         for record in bound.records:
-            if record.same_inputs(now[0], inputs):
-                vars(inst).update(_copied(record.attributes))
-                return record.tops, True
-    _load(inst.blobs, inputs[:n_params])
-    _load(bound.bottom, inputs[n_params:])
+            if record.same_inputs(now[0], slot, inputs):
+                vars(inst).update(copied(record.attributes))
+                return record.tops
+    load_blobs(inst.blobs, inputs[:n_params])
+    load_blobs(bound.bottom, inputs[n_params:])
     _calling(bound, "reshape", inst.reshape, bound.bottom, bound.top)
     _calling(bound, "forward", inst.forward, bound.bottom, bound.top)
     tops = [np.array(t.data, copy=True) for t in bound.top]
     if now is not None:
         if bound.records and bound.records[0].serial != now[0]:
             bound.records = []
-        bound.records.append(_Record(now[0], [np.array(x, copy=True) for x in inputs], tops,
-                                     _copied(vars(inst))))  # fmt: skip
-    return tops, False
+        bound.records.append(_Record(now[0], slot, [np.array(x, copy=True) for x in inputs],
+                                     tops, copied(vars(inst))))  # fmt: skip
+    return tops
 
 
-def _check_tops(bound: _Bound, tops: list, bottom_shapes: tuple[Shape, ...],
-                expected: tuple[Shape, ...], replayed: bool) -> None:  # fmt: skip
+def _check_tops(bound: _Bound, tops: list, key: tuple[int, tuple[Shape, ...]],
+                expected: tuple[Shape, ...]) -> None:  # fmt: skip
     """Tops of the shapes the program was compiled for; else the layer's tops take the new
-    shapes and :class:`TopsReshaped` asks for the pass to run again."""
+    shapes in its pass (``key``: the pass within its iteration, the bottom shapes) and
+    :class:`TopsReshaped` asks for the pass to run again."""
     got = tuple(tuple(t.shape) for t in tops)
     if got == expected:
         return
     shown = f"{[list(s) for s in got]} (compiled for {[list(s) for s in expected]})"
-    if replayed:
-        raise bound.fail(
-            f"tops {shown} in one program: iter_size passes must give equal top shapes; set "
-            "iter_size: 1, or use the built-in layer (CAFFE2JAX_PYTHON_LAYERS=builtin)"
-        )
-    bound.top_shapes[bottom_shapes] = got
+    bound.top_shapes[key] = got
     raise TopsReshaped(
         f"{bound.named}: its forward reshaped its tops to {shown}; pycaffe, the CLI and the "
         "solver compile the new shapes and run the pass again; a program compiled by hand "
@@ -277,21 +278,23 @@ def _check_tops(bound: _Bound, tops: list, bottom_shapes: tuple[Shape, ...],
     )
 
 
-def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dtype, keep: bool):
-    """Host side of the forward: the tops of :func:`_forward_once`, checked, and the token of
-    this forward (its attributes kept for its backward)."""
+def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dtype, keep: bool,
+                 slot: int):  # fmt: skip
+    """Host side of the forward in pass ``slot`` of an iteration: the tops of
+    :func:`_forward_once`, checked, and the token of this forward (its attributes kept for its
+    backward)."""
     inst = bound.instance
     try:
         with bound.lock:
-            tops, replayed = _forward_once(bound, [*params, *bottoms], len(params))
+            tops = _forward_once(bound, [*params, *bottoms], len(params), slot)
             sig = tuple(tuple(int(d) for d in np.shape(b)) for b in bottoms)
-            _check_tops(bound, tops, sig, expected, replayed)
+            _check_tops(bound, tops, (slot, sig), expected)
             tops = [np.asarray(t, dtype) for t in tops]
             bound.serial += 1
             bound.holds = bound.serial
             token = np.int32(bound.serial)
             if keep:
-                bound.snapshots[int(token)] = _copied(vars(inst))
+                bound.snapshots[int(token)] = copied(vars(inst))
                 while len(bound.snapshots) > SNAPSHOTS_KEPT:
                     bound.snapshots.popitem(last=False)
     except BaseException as err:
@@ -312,11 +315,11 @@ def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, 
                         f"backward came after more than {SNAPSHOTS_KEPT} later forwards; the "
                         "state its own forward left is no longer kept"
                     )
-                vars(inst).update(_copied(saved))
+                vars(inst).update(copied(saved))
                 bound.holds = int(token)
-            _load(inst.blobs, params)
-            _load(bound.bottom, bottoms)
-            _load(bound.top, tops)
+            load_blobs(inst.blobs, params)
+            load_blobs(bound.bottom, bottoms)
+            load_blobs(bound.top, tops)
             for blob, diff in zip(bound.top, top_diffs):
                 blob.diff[...] = np.asarray(diff).reshape(blob.shape)
             _calling(bound, "backward", inst.backward, bound.top, list(need), bound.bottom)
@@ -357,15 +360,15 @@ def _host_backward(bound: _Bound, need: dict[str, tuple[bool, ...]], dtype: np.d
 
 def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Array], ctx):
     """The tops of a class-style Python layer inside a traced JAX program."""
-    bound = bind(layer, [b.shape for b in bottoms])
-    expected = bound.top_shapes[tuple(tuple(b.shape) for b in bottoms)]
+    bound, slot = bind(layer, [b.shape for b in bottoms]), pass_slot()
+    expected = bound.top_shapes[slot, tuple(tuple(int(d) for d in b.shape) for b in bottoms)]
     dtype = np.dtype(ctx.dtype)
     top_avals = [jax.ShapeDtypeStruct(s, dtype) for s in expected]
     token_aval = jax.ShapeDtypeStruct((), np.int32)
 
     def host_forward(keep):
         def call(params, bottoms):
-            return _run_forward(bound, params, bottoms, expected, dtype, keep)
+            return _run_forward(bound, params, bottoms, expected, dtype, keep, slot)
 
         return call
 

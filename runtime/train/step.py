@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from caffe2jax.lowering.graph import Params
 from caffe2jax.lowering.model import Model
+from caffe2jax.lowering.python_blobs import in_pass
 from caffe2jax.lowering.ranges import host_tops
 from caffe2jax.runtime.parallel.devices import replicate, replicated
 from caffe2jax.runtime.train.solvers import caffe_solver
@@ -119,7 +120,9 @@ class Trainer:
         ``models[k]`` runs pass ``k`` (the model for its input shapes; default: the net's)."""
         model, iter_size = self.model, self.iter_size
         models = list(models or [model] * iter_size)
+        # passes with Python layers are unrolled: each traces its layers in its own pass
         scan = iter_size > UNROLL_ITER_SIZE and all(m is models[0] for m in models)
+        scan = scan and not model.runs_python_layers
         names = model.net.blob_names
         # the net's outputs, and the tops of layers a replay must not run again (Python data
         # layers): pycaffe's views after a step show them as the step computed them
@@ -127,9 +130,10 @@ class Trainer:
         outputs += [(v, v) for v, _ in host_tops(model.graph)]
 
         def grads_of(params, state, inputs, rng, k=0):
-            (loss, (blobs, state)), grads = jax.value_and_grad(models[k].loss, has_aux=True)(
-                params, state, inputs, rng
-            )
+            with in_pass(k):
+                (loss, (blobs, state)), grads = jax.value_and_grad(
+                    models[k].loss_in_pass(k), has_aux=True
+                )(params, state, inputs, rng)
             return grads, state, loss, {key: blobs[ssa] for key, ssa in outputs}
 
         def one(params, rng):
@@ -214,7 +218,10 @@ class Trainer:
         gets its step, compiled once and kept with the model of that signature."""
         if self.mesh is not None:
             return self._step
-        models = [self.member(inputs) for inputs in passes]
+        models = []
+        for k, inputs in enumerate(passes):
+            with in_pass(k):  # pass k's Python layers' top shapes pick its model
+                models.append(self.member(inputs))
         if all(m is self.model for m in models):
             return self._step
         home = models[-1]

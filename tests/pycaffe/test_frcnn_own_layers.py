@@ -207,27 +207,3 @@ def test_cli_train_and_test_run_the_users_layers(tmp_path, checkout, monkeypatch
     assert tested[::2] == ["TEST", "TEST"], tested
     batches = re.findall(r"Batch \d+, loss_cls = (\S+)", done.stderr)
     assert len(batches) == 2 and np.isfinite([float(v) for v in batches]).all()
-
-
-# -- iter_size ----------------------------------------------------------------------------------
-
-
-def test_iter_size_passes_of_other_counts_are_refused_naming_the_fix(tmp_path, monkeypatch):
-    """py-R-FCN's OHEM solver runs iter_size 2: passes whose proposal counts differ cannot
-    share one program, and the one line says what to change (iter_size 1, or the built-ins)."""
-    from caffe2jax.frontend.errors import NetError
-    from tests.pycaffe import test_python_layer_reshape as reshape
-
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "c2j_iter_size_layers.py").write_text(reshape.textwrap.dedent(reshape.LAYERS))
-    (tmp_path / "net.prototxt").write_text(reshape.net_text("c2j_iter_size_layers"))
-    (tmp_path / "solver.prototxt").write_text(
-        reshape.solver_text(tmp_path / "net.prototxt", iter_size=2)
-    )
-    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
-    refused = (r"Python layer 'proposal' \(c2j_iter_size_layers\.Proposal\): tops .* "
-               r"iter_size passes must give equal top shapes; set iter_size: 1, or use the "
-               r"built-in layer \(CAFFE2JAX_PYTHON_LAYERS=builtin\)$")  # fmt: skip
-    with pytest.raises(NetError, match=refused):
-        solver.step(4)
-    sys.modules.pop("c2j_iter_size_layers", None)

@@ -243,6 +243,53 @@ def test_solver_steps_train_through_the_varying_counts(layers, tmp_path):
     assert len(set(layers.forwards)) >= 2 and len(layers.forwards) == 4
 
 
+# -- iter_size ----------------------------------------------------------------------------------
+
+
+def iter_size_trajectory(module, params: dict, iterations: int, iter_size: int = 2,
+                         lr: float = 0.05) -> tuple[list[float], list[float], dict]:  # fmt: skip
+    """Caffe's Solver::Step at iter_size in NumPy: iter_size ForwardBackward passes, each on
+    its own batch (its own proposal count), their diffs summed, Solver::Normalize dividing by
+    iter_size, then plain SGD; the iteration's loss is the passes' mean (Step's
+    ``loss /= iter_size``). The means, each iteration's last pass's loss, the final params."""
+    means, lasts = [], []
+    for i in range(iterations):
+        steps = [numpy_pass(module, 10 + iter_size * i + k, params) for k in range(iter_size)]
+        means.append(float(np.mean([s["loss"] for s in steps])))
+        lasts.append(steps[-1]["loss"])
+        summed = {name: [sum(s["grads"][name][j] for s in steps) for j in range(len(blobs))]
+                  for name, blobs in params.items()}  # fmt: skip
+        params = {name: [p - lr * g / iter_size for p, g in zip(params[name], summed[name])]
+                  for name in params}  # fmt: skip
+    return means, lasts, params
+
+
+def pass_counts(module, passes: int) -> list[int]:
+    return [len(module.propose(module.batch(10 + i)[1][0, 0])[0]) for i in range(passes)]
+
+
+def test_iter_size_passes_train_each_at_its_own_count(layers, tmp_path):
+    """py-R-FCN's OHEM solver runs iter_size 2 with its own proposal layers: the two passes of
+    an iteration give different counts, each runs at its own, the gradients accumulate as in
+    Caffe."""
+    (tmp_path / "net.prototxt").write_text(net_text(layers.__name__))
+    (tmp_path / "solver.prototxt").write_text(solver_text(tmp_path / "net.prototxt", iter_size=2))
+    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
+    start = params_of(solver.net)
+    lasts = []
+    for _ in range(4):
+        solver.step(1)
+        lasts.append(float(solver.net.blobs["loss"].data))  # the last pass's, as in Caffe
+    counts = pass_counts(layers, 8)
+    assert all(a != b for a, b in zip(counts[::2], counts[1::2])), counts  # the passes differ
+    assert layers.forwards == counts  # one forward of the layer per pass, none run twice
+    _, want, end = iter_size_trajectory(layers, start, 4)
+    np.testing.assert_allclose(lasts, want, rtol=1e-4, atol=1e-7)
+    for name in ("conv", "fc"):
+        for got, expected in zip(params_of(solver.net)[name], end[name]):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 
 
@@ -295,3 +342,22 @@ def test_a_failing_layer_is_one_line_naming_it(layers, tmp_path, monkeypatch):
     done = run_cli("test", "--model", path, "--weights", weights, "--iterations", "1")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert re.search(rf"caffe2jax test: error: {where}\n$", done.stderr), done.stderr[-600:]
+
+
+def test_cli_train_at_iter_size_2_follows_caffes_accumulation(layers, tmp_path, monkeypatch):
+    weights, params = _weights(layers, tmp_path)
+    solver = solver_text(tmp_path / "net.prototxt", iter_size=2,
+                         snapshot_prefix=f'"{tmp_path / "it"}"')  # fmt: skip
+    (tmp_path / "solver.prototxt").write_text(solver)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path.cwd()}")
+    done = run_cli("train", "--solver", tmp_path / "solver.prototxt", "--weights", weights,
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = [float(v) for v in re.findall(r"Iteration \d+ \(.*\), loss = (\S+)", done.stderr)]
+    want, _, end = iter_size_trajectory(layers, params, 4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    trained = caffe.Net(str(tmp_path / "net.prototxt"), str(tmp_path / "it_iter_4.caffemodel"),
+                        caffe.TEST)  # fmt: skip
+    for name in ("conv", "fc"):
+        for blob, expected in zip(params_of(trained)[name], end[name]):
+            np.testing.assert_allclose(blob, expected, rtol=1e-4, atol=1e-5)
