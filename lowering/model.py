@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering import python_class
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.graph import Graph, Params
+from caffe2jax.lowering.python_blobs import PythonLayerError, probe_ending
 from caffe2jax.lowering.registry import NetState, type_problem
 from caffe2jax.lowering.shape_cache import ShapeCache
 
@@ -97,6 +99,66 @@ class _Prefix(Graph):
         return super().infer_shapes(head, {k: v for k, v in given.items() if k in tops})
 
 
+class _Probe(_Prefix):
+    """A Graph built up to class-style Python layer ``upto`` whose tops are provisional (its
+    ``setup``/``reshape`` gave them; Caffe's layers after it take the shapes its ``forward``
+    gives, reshaping just before they run). A run stops after that layer, whose forward runs
+    and asks for the pass to run again (:func:`python_blobs.probe_ending`), the whole net
+    then built at its tops' real shapes; until then the blobs after it read as zeros."""
+
+    def __init__(self, upto: int, *args: Any):
+        super().__init__(upto, *args)
+        self.ends = self.net.layers[upto].name
+        self.stop = 1 + next(k for k, c in enumerate(self.caffe_layers) if c.key == self.ends)
+
+    def run(self, params, state, env, rng=None, *, start=0, stop=None, taps=None, keep=()):
+        if start >= self.stop:
+            raise NetError(
+                f"layer '{self.caffe_layers[start].name}' runs at shapes that Python layer "
+                f"'{self.ends}' gives in its forward: run the forward from before that layer"
+            )
+        stop = self.stop if stop is None else min(stop, self.stop)
+        with probe_ending(self.ends):
+            env, state = super().run(params, state, env, rng, start=start, stop=stop, taps=taps,
+                                     keep=keep)  # fmt: skip
+        for caffe in self.caffe_layers:
+            for top in caffe.tops:
+                env.setdefault(top, jnp.zeros((), self.dtype))
+        return env, state
+
+
+def _probe_end(net: ir.Net, err: NetError) -> str | None:
+    """The last class-style Python layer before the layer ``err`` refused (a shape check)
+    whose tops are provisional (:func:`python_class.provisional`): Caffe reshapes the layers
+    after it only once its forward has run, so the net is built up to it first."""
+    failed = getattr(err, "layer_name", None)
+    names = [layer.name for layer in net.layers]
+    if isinstance(err, PythonLayerError) or failed not in names:
+        return None
+    for layer in reversed(net.layers[: names.index(failed)]):
+        if layer.type == "Python" and python_class.provisional(layer) is not None:
+            return layer.name
+    return None
+
+
+def _build(args: tuple, upto: str | None, known_tops: Any, provisional: bool) -> Graph:
+    """The Graph of ``args`` (net first) up to layer ``upto`` (None: all). ``provisional``: a
+    layer refusing the shapes a Python layer's ``setup``/``reshape`` gave gets a
+    :class:`_Probe` up to that layer instead (Caffe's Forward reshapes each layer just before
+    it runs; Net::Init and Net::Reshape refuse such shapes, as here without it)."""
+    names, probe = [layer.name for layer in args[0].layers], False
+    while True:
+        try:
+            if upto is None:
+                return Graph(*args, known_tops=known_tops)
+            return (_Probe if probe else _Prefix)(names.index(upto), *args)
+        except NetError as err:
+            upto = _probe_end(args[0], err) if provisional else None
+            if upto is None:
+                raise
+            probe = True
+
+
 class Model:
     """A compiled Caffe net.
 
@@ -130,16 +192,19 @@ class Model:
         *,
         upto: str | None = None,
         known_tops: Mapping[str, Sequence[tuple[int, ...]]] | None = None,
+        provisional: bool = False,
     ):
         """``upto`` (a layer name): infer shapes only for the layers up to that one (see
         :meth:`reshape`). ``known_tops``: each layer's top shapes from an identical earlier
-        build (a start-up cache's; see :class:`Graph`)."""
+        build (a start-up cache's; see :class:`Graph`). ``provisional``: see :meth:`reshape`."""
         args = (net, input_shapes, dtype, precision, channels_last, policy)
-        if upto is None:
-            self.graph = Graph(*args, known_tops=known_tops)
-        else:
-            self.graph = _Prefix([layer.name for layer in net.layers].index(upto), *args)
-        self.upto = upto
+        self.graph = _build(args, upto, known_tops, provisional)
+        # a probe's Python layer (its tops provisional until its forward has run)
+        self.probe = self.graph.ends if isinstance(self.graph, _Probe) else None
+        self.upto = upto if self.probe is None else self.probe
+        self._pending = None
+        if self.probe is not None:
+            self._pending = python_class.provisional(self.graph.layer_by_name[self.probe])
         # the shapes its class-style Python layers' tops had when it was built (a forward may
         # reshape them: then a member of the same input shapes is built for the new ones)
         self._python_tops = python_class.built_tops(self.graph.net)
@@ -226,20 +291,27 @@ class Model:
             self._compiled[name] = jax.jit(graph.apply if name == "apply" else loss)
         return self._compiled[name]
 
-    def reshape(
-        self, input_shapes: Mapping[str, Sequence[int]], *, upto: str | None = None
-    ) -> Model:
+    def reshape(self, input_shapes: Mapping[str, Sequence[int]], *, upto: str | None = None,
+                provisional: bool = False) -> Model:  # fmt: skip
         """The same net for other input shapes (Caffe's Net::Reshape; params must still fit),
         one per signature, built once and kept with this model's family (:class:`ShapeCache`).
         ``upto`` (a layer name) infers shapes only for the layers up to that one, as Caffe's
-        ``ForwardFromTo(…, upto)`` reshapes only the layers it runs."""
+        ``ForwardFromTo(…, upto)`` reshapes only the layers it runs.
+
+        ``provisional`` (for a forward, as Caffe's Forward reshapes each layer just before it
+        runs): where a layer refuses the tops a class-style Python layer's ``setup``/``reshape``
+        gave (py-faster-rcnn's anchor target layer gives the real ones only in ``forward``),
+        the model returned is a probe (:attr:`probe` names that layer; not kept): its programs
+        run up to that layer, whose forward then has the pass run again (:func:`retrace`) with
+        the model of the real shapes."""
         shapes = {**self.inputs, **{k: tuple(int(d) for d in v) for k, v in input_shapes.items()}}
         key = (tuple(sorted(shapes.items())), upto)
         family = self.family()
         found = family.find(lambda sig, model: sig[:2] == key and model.is_current())
         if found is None:
-            found = self._member(shapes, upto)
-            family.get(found.signature, lambda: found)
+            found = self._member(shapes, upto, provisional)
+            if found.probe is None:
+                family.get(found.signature, lambda: found)
         return found
 
     @property
@@ -253,7 +325,10 @@ class Model:
         """Whether its Python layers' tops still have the shapes it was built for (a Python
         layer may reshape its tops in ``forward``, as in Caffe: then :meth:`reshape` with the
         same input shapes gives the member for the new ones)."""
-        return python_class.is_current(self._python_tops)
+        pending = self._pending
+        return python_class.is_current(self._python_tops) and (
+            pending is None or not python_class.forward_ran(pending)
+        )
 
     def family(self) -> ShapeCache:
         """The models of this net by shape signature (this one included)."""
@@ -262,9 +337,10 @@ class Model:
             self._family.put(self.signature, self)
         return self._family
 
-    def _member(self, shapes: Mapping[str, tuple[int, ...]], upto: str | None) -> Model:
+    def _member(self, shapes: Mapping[str, tuple[int, ...]], upto: str | None,
+                provisional: bool = False) -> Model:  # fmt: skip
         model = Model(self.graph.net, shapes, self.dtype, self.graph.precision,
-                      None, self.graph.policy, upto=upto)  # fmt: skip
+                      None, self.graph.policy, upto=upto, provisional=provisional)  # fmt: skip
         model.join(self.family())
         return model
 

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from caffe2jax.frontend.errors import CaffeError, NetError
 from caffe2jax.frontend.phase import TRAIN
 
 T = TypeVar("T")
+SNAPSHOTS_KEPT = 64  # forwards of a layer whose attributes are kept for their backward
 
 
 class HostBlob:
@@ -230,6 +232,27 @@ def in_pass(index: int) -> Iterator[None]:
         _slot.reset(token)
 
 
+_probe: contextvars.ContextVar[str | None] = contextvars.ContextVar("caffe2jax_probe", default=None)
+
+
+@contextlib.contextmanager
+def probe_ending(layer: str) -> Iterator[None]:
+    """Trace a probe ending at class-style Python layer ``layer``: a pass built only up to it
+    because its tops are provisional (its ``setup``/``reshape`` gave them; its ``forward``
+    gives the real ones, as Caffe's layers after it see them). The layer runs its forward and
+    the pass runs again with the whole net (:class:`TopsReshaped`)."""
+    token = _probe.set(layer)
+    try:
+        yield
+    finally:
+        _probe.reset(token)
+
+
+def probing() -> str | None:
+    """The layer a probe traced now ends at (:func:`probe_ending`), else None."""
+    return _probe.get()
+
+
 def pass_slot() -> int:
     """The index (within its iteration) of the pass traced now: 0 outside :func:`in_pass`."""
     return _slot.get()
@@ -269,3 +292,61 @@ def retrace(run: Callable[[], T], *, again: bool = False) -> T:
     finally:
         with _passes_lock:
             _passes.depth -= 1
+
+
+# -- backward -----------------------------------------------------------------------------------
+
+
+def run_backward(bound: Any, token, params, bottoms, tops, top_diffs, need, dtype):
+    """Host side of the backward: the state of forward ``token``, then ``backward``."""
+    inst = bound.instance
+    try:
+        with bound.lock:
+            saved = bound.snapshots.pop(int(token), None)
+            if int(token) != bound.holds:
+                if saved is None:
+                    raise bound.fail(
+                        f"backward came after more than {SNAPSHOTS_KEPT} later forwards; the "
+                        "state its own forward left is no longer kept"
+                    )
+                vars(inst).update(copied(saved))
+                bound.holds = int(token)
+            load_blobs(inst.blobs, params)
+            load_blobs(bound.bottom, bottoms)
+            load_blobs(bound.top, tops)
+            for blob, diff in zip(bound.top, top_diffs):
+                blob.diff[...] = np.asarray(diff).reshape(blob.shape)
+            bound.call("backward", inst.backward, bound.top, list(need), bound.bottom)
+            return (
+                [np.asarray(b.diff, dtype) for b in inst.blobs],
+                [np.asarray(b.diff, dtype) for b in bound.bottom],
+            )
+    except BaseException as err:
+        record_error(err, layer_error(err, bound.name, inst, "backward"))
+        raise
+
+
+def host_backward(bound: Any, need: dict[str, tuple[bool, ...]], dtype: np.dtype):
+    """The custom VJP's backward: the layer's own ``backward`` through a host callback."""
+
+    def run_bwd(res, top_diffs):
+        token, params, bottoms, tops = res
+        if not hasattr(bound.instance, "backward"):
+            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
+        top_diffs = [
+            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
+            for d, t in zip(top_diffs, tops)
+        ]
+        flags = need["bottoms"]
+
+        def call(token, params, bottoms, tops, top_diffs):
+            return run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
+
+        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
+                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
+        param_diffs, bottom_diffs = jax.pure_callback(
+            call, avals, token, params, bottoms, tops, top_diffs
+        )
+        return list(param_diffs), list(bottom_diffs)
+
+    return run_bwd

@@ -44,31 +44,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import io_callback
 
 from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.phase import Phase
 from caffe2jax.lowering.python_blobs import (  # noqa: F401 - user_errors, retrace, in_pass: callers'
+    SNAPSHOTS_KEPT,
     BlobVec,
     HostBlob,
     TopsReshaped,
     copied,
     current_pass,
+    host_backward,
     in_pass,
     layer_error,
     load_blobs,
     pass_slot,
+    probing,
     record_error,
     retrace,
     settle,
     user_errors,
 )
 from caffe2jax.lowering.registry import ParamDecl, Shape
-
-SNAPSHOTS_KEPT = 64
 
 
 @dataclass
@@ -102,6 +103,8 @@ class _Bound:
     holds: int = 0  # the forward whose attributes the instance holds now
     snapshots: OrderedDict = field(default_factory=OrderedDict)
     records: list = field(default_factory=list)  # its forwards in a pass of :func:`retrace`
+    confirmed: set = field(default_factory=set)  # keys of top_shapes a forward gave
+    last: tuple = ()  # the key it was last bound at (:func:`provisional`)
 
     @property
     def named(self) -> str:
@@ -110,6 +113,13 @@ class _Bound:
 
     def fail(self, problem: str) -> NetError:
         return NetError(f"{self.named}: {problem}")
+
+    def call(self, where: str, method, *args) -> None:
+        """``method(*args)`` of the user's layer; its exception named (:func:`layer_error`)."""
+        try:
+            method(*args)
+        except Exception as err:  # noqa: BLE001 - the user's code: named, their error its cause
+            raise layer_error(err, self.name, self.instance, where) from err
 
     def tops_for(self, slot: int, bottoms: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
         """The top shapes of pass ``slot`` (within an iteration) at ``bottoms``: those its
@@ -173,27 +183,20 @@ def bind(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> _Bound:
         instance = _make_instance(layer)
         bound = _Bound(instance, layer.name, [HostBlob(s) for s in shapes],
                        [HostBlob() for _ in layer.tops])  # fmt: skip
-        _calling(bound, "setup", instance.setup, bound.bottom, bound.top)
+        bound.call("setup", instance.setup, bound.bottom, bound.top)
         key = id(layer)
         _BOUND[key] = (weakref.ref(layer, _forget(key)), bound)
     slot = pass_slot()
+    bound.last = (slot, shapes)
     if (slot, shapes) not in bound.top_shapes and (0, shapes) in bound.top_shapes:
         bound.top_shapes[slot, shapes] = bound.top_shapes[0, shapes]
     if (slot, shapes) not in bound.top_shapes:
         for blob, shape in zip(bound.bottom, shapes):
             if blob.shape != shape:
                 blob.reshape(*shape)
-        _calling(bound, "reshape", bound.instance.reshape, bound.bottom, bound.top)
+        bound.call("reshape", bound.instance.reshape, bound.bottom, bound.top)
         bound.top_shapes[slot, shapes] = tuple(t.shape for t in bound.top)
     return bound
-
-
-def _calling(bound: _Bound, where: str, method, *args) -> None:
-    """``method(*args)`` of the user's layer; its exception named (:func:`layer_error`)."""
-    try:
-        method(*args)
-    except Exception as err:  # noqa: BLE001 - the user's code: named, their error its cause
-        raise layer_error(err, bound.name, bound.instance, where) from err
 
 
 def instance_of(layer: ir.Layer) -> Any:
@@ -225,6 +228,23 @@ def is_current(built: Sequence[tuple[Any, Shape, tuple[Shape, ...]]]) -> bool:
     return all(bound.tops_for(slot, bottoms) == tops for bound, bottoms, tops in built)
 
 
+def provisional(layer: ir.Layer) -> tuple[_Bound, tuple] | None:
+    """``(its instance, the key it was last bound at)`` when ``layer`` is a class-style Python
+    layer whose tops there are provisional: given by ``setup``/``reshape``, not yet by a
+    ``forward`` (py-faster-rcnn's anchor target layer reshapes its tops only in forward)."""
+    entry = _BOUND.get(id(layer))
+    if entry is None or entry[0]() is not layer:
+        return None
+    bound = entry[1]
+    return None if bound.last in bound.confirmed else (bound, bound.last)
+
+
+def forward_ran(pending: tuple[_Bound, tuple]) -> bool:
+    """Whether a forward has given the tops :func:`provisional` found provisional."""
+    bound, key = pending
+    return key in bound.confirmed
+
+
 def declare(layer: ir.Layer, bottom_shapes: Sequence[Shape]) -> list[ParamDecl]:
     """The layer's ``self.blobs`` as param declarations, initialised to their values."""
     bound = bind(layer, bottom_shapes)
@@ -250,8 +270,8 @@ def _forward_once(bound: _Bound, inputs: list[Any], n_params: int, slot: int) ->
                 return record.tops
     load_blobs(inst.blobs, inputs[:n_params])
     load_blobs(bound.bottom, inputs[n_params:])
-    _calling(bound, "reshape", inst.reshape, bound.bottom, bound.top)
-    _calling(bound, "forward", inst.forward, bound.bottom, bound.top)
+    bound.call("reshape", inst.reshape, bound.bottom, bound.top)
+    bound.call("forward", inst.forward, bound.bottom, bound.top)
     tops = [np.array(t.data, copy=True) for t in bound.top]
     if now is not None:
         if bound.records and bound.records[0].serial != now[0]:
@@ -288,6 +308,7 @@ def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dt
         with bound.lock:
             tops = _forward_once(bound, [*params, *bottoms], len(params), slot)
             sig = tuple(tuple(int(d) for d in np.shape(b)) for b in bottoms)
+            bound.confirmed.add((slot, sig))
             _check_tops(bound, tops, (slot, sig), expected)
             tops = [np.asarray(t, dtype) for t in tops]
             bound.serial += 1
@@ -303,59 +324,35 @@ def _run_forward(bound: _Bound, params, bottoms, expected: tuple[Shape, ...], dt
     return tops, token
 
 
-def _run_backward(bound: _Bound, token, params, bottoms, tops, top_diffs, need, dtype):
-    """Host side of the backward: the state of forward ``token``, then ``backward``."""
-    inst = bound.instance
+def _probe_forward(bound: _Bound, params, bottoms, slot: int):
+    """Host side of a probe (:func:`probing`): the layer's forward (Caffe's Layer::Forward, or
+    its record in a pass run again), its tops' shapes now known for its bottoms; then
+    :class:`TopsReshaped`: the pass runs again with the whole net built at those shapes."""
     try:
         with bound.lock:
-            saved = bound.snapshots.pop(int(token), None)
-            if int(token) != bound.holds:
-                if saved is None:
-                    raise bound.fail(
-                        f"backward came after more than {SNAPSHOTS_KEPT} later forwards; the "
-                        "state its own forward left is no longer kept"
-                    )
-                vars(inst).update(copied(saved))
-                bound.holds = int(token)
-            load_blobs(inst.blobs, params)
-            load_blobs(bound.bottom, bottoms)
-            load_blobs(bound.top, tops)
-            for blob, diff in zip(bound.top, top_diffs):
-                blob.diff[...] = np.asarray(diff).reshape(blob.shape)
-            _calling(bound, "backward", inst.backward, bound.top, list(need), bound.bottom)
-            return (
-                [np.asarray(b.diff, dtype) for b in inst.blobs],
-                [np.asarray(b.diff, dtype) for b in bound.bottom],
-            )
+            tops = _forward_once(bound, [*params, *bottoms], len(params), slot)
+            key = (slot, tuple(tuple(int(d) for d in np.shape(b)) for b in bottoms))
+            bound.top_shapes[key] = got = tuple(tuple(np.shape(t)) for t in tops)
+            bound.confirmed.add(key)
+        raise TopsReshaped(
+            f"{bound.named}: its forward gave its tops {[list(s) for s in got]}; the layers "
+            "after it are built at those shapes and the pass runs again"
+        )
     except BaseException as err:
-        record_error(err, layer_error(err, bound.name, inst, "backward"))
+        record_error(err, layer_error(err, bound.name, bound.instance, "forward"))
         raise
 
 
-def _host_backward(bound: _Bound, need: dict[str, tuple[bool, ...]], dtype: np.dtype):
-    """The custom VJP's backward: the layer's own ``backward`` through a host callback."""
+def _probe(bound: _Bound, slot: int, params, bottoms, top_avals) -> list:
+    """The layer run as the last of a probe: an io_callback (never dropped by XLA, though
+    nothing reads its tops) on its inputs without gradient (the probe computes none)."""
+    inputs = [lax.stop_gradient(x) for x in [*params, *bottoms]]
+    n = len(params)
 
-    def run_bwd(res, top_diffs):
-        token, params, bottoms, tops = res
-        if not hasattr(bound.instance, "backward"):
-            raise bound.fail("a bottom or blob needs a gradient but the class has no backward()")
-        top_diffs = [
-            jnp.zeros(t.shape, t.dtype) if isinstance(d, jax.custom_derivatives.SymbolicZero) else d
-            for d, t in zip(top_diffs, tops)
-        ]
-        flags = need["bottoms"]
+    def call(inputs):
+        return _probe_forward(bound, inputs[:n], inputs[n:], slot)
 
-        def call(token, params, bottoms, tops, top_diffs):
-            return _run_backward(bound, token, params, bottoms, tops, top_diffs, flags, dtype)
-
-        avals = ([jax.ShapeDtypeStruct(p.shape, dtype) for p in params],
-                 [jax.ShapeDtypeStruct(b.shape, dtype) for b in bottoms])  # fmt: skip
-        param_diffs, bottom_diffs = jax.pure_callback(
-            call, avals, token, params, bottoms, tops, top_diffs
-        )
-        return list(param_diffs), list(bottom_diffs)
-
-    return run_bwd
+    return list(io_callback(call, top_avals, inputs, ordered=False))
 
 
 def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Array], ctx):
@@ -365,6 +362,8 @@ def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Ar
     dtype = np.dtype(ctx.dtype)
     top_avals = [jax.ShapeDtypeStruct(s, dtype) for s in expected]
     token_aval = jax.ShapeDtypeStruct((), np.int32)
+    if probing() == layer.name:
+        return _probe(bound, slot, params, bottoms, top_avals)
 
     def host_forward(keep):
         def call(params, bottoms):
@@ -394,5 +393,5 @@ def lower(layer: ir.Layer, params: Sequence[jax.Array], bottoms: Sequence[jax.Ar
         )
         return tops, (token, params, bottoms, tops)
 
-    run.defvjp(run_fwd, _host_backward(bound, need, dtype), symbolic_zeros=True)
+    run.defvjp(run_fwd, host_backward(bound, need, dtype), symbolic_zeros=True)
     return list(run(list(params), list(bottoms)))

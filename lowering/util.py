@@ -43,7 +43,9 @@ def locate(layer: ir.Layer, err: NetError) -> NetError:
         text = f"layer '{layer.name}' (type {layer.type}): {text}"
     if layer.where and not text.startswith(layer.where):
         text = layer.where + text
-    return type(err)(text)
+    located = type(err)(text)
+    located.layer_name = layer.name  # which layer refused (Model's provisional builds read it)
+    return located
 
 
 @contextlib.contextmanager

@@ -273,7 +273,7 @@ class Net:
     def reshape(self) -> None:
         """Caffe's Net::Reshape: every layer's tops take the shapes the input blobs' shapes
         give (param blobs keep theirs; held Blob objects stay valid)."""
-        self._runner.model = model = self._runner.member(len(self.layers) - 1)
+        self._runner.model = model = self._runner.member(len(self.layers) - 1, provisional=False)
         for name in self._structure.names:
             shape = version_shape(model, self._structure.data_version[name])
             if self.blobs[name].shape != shape:

@@ -74,9 +74,11 @@ class Runner:
 
     # -- the model for the current inputs ---------------------------------------------------
 
-    def member(self, hi: int) -> Model:
+    def member(self, hi: int, provisional: bool = True) -> Model:
         """The model for the input blobs' current shapes that reaches layer ``hi``: the whole
-        net's when every layer takes them, else one whose shapes stop after ``hi``."""
+        net's when every layer takes them, else one whose shapes stop after ``hi``.
+        ``provisional`` (a forward's, not Net::Reshape's): a probe where a Python layer's tops
+        are known only once its forward has run (:meth:`Model.reshape`)."""
         current, base = self.model, self.compiled.model
         shapes = {n: self.blobs[n].shape for n in base.inputs}
         if current.inputs == shapes and self._reaches(current, hi) and current.is_current():
@@ -84,12 +86,12 @@ class Runner:
         signature = tuple(sorted(shapes.items()))
         if signature not in self._whole_fails:
             try:
-                return self._checked(base.reshape(shapes))
+                return self._checked(base.reshape(shapes, provisional=provisional))
             except NetError:
                 self._whole_fails.add(signature)
         layers = self.structure.layers
         upto = next(c.key for c in reversed(layers[: hi + 1]) if c.key is not None)
-        return self._checked(base.reshape(shapes, upto=upto))
+        return self._checked(base.reshape(shapes, upto=upto, provisional=provisional))
 
     def _reaches(self, model: Model, hi: int) -> bool:
         if model.upto is None:

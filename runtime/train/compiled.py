@@ -76,7 +76,7 @@ class CompiledNet:
         shapes = {k: tuple(np.shape(v)) for k, v in inputs.items() if k in given}
         if all(given[k] == s for k, s in shapes.items()) and model.is_current():
             return model
-        return model.reshape(shapes)
+        return model.reshape(shapes, provisional=True)
 
     def program(self, kind: Hashable, inputs: Mapping[str, Any],
                 build: Callable[[Model], Any]) -> Any:  # fmt: skip

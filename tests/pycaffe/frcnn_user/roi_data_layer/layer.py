@@ -19,11 +19,14 @@ class RoIDataLayer(caffe.Layer):
         params = yaml.load(self.param_str_, Loader=yaml.Loader)  # PyYAML 6 needs the Loader
         self._num_classes = params["num_classes"]
         self._roidb = None
+        if "seed" in params:  # train_net.py's np.random.seed(cfg.RNG_SEED), for runs without it
+            np.random.seed(params["seed"])
         if "roidb" in params:  # a pickled roidb, for runs with no script to call set_roidb
             with open(params["roidb"], "rb") as f:
                 self.set_roidb(pickle.load(f))
         if "scale" in params:  # cfg_from_file's effect, for runs with no script to set it
-            cfg.TRAIN.SCALES, cfg.TRAIN.MAX_SIZE = (params["scale"],), params["scale"]
+            cfg.TRAIN.SCALES = (params["scale"],)
+            cfg.TRAIN.MAX_SIZE = params.get("max_size", params["scale"])
         # the largest image the config allows, as the original (1, 3, 600, 1000 by default)
         top[0].reshape(1, 3, max(cfg.TRAIN.SCALES), cfg.TRAIN.MAX_SIZE)
         top[1].reshape(1, 3)
