@@ -11,6 +11,9 @@ new shapes (``_Bound.top_shapes``; :func:`is_current`), and the runtime's :func:
 the pass again with the program of those shapes (one per shape signature, kept in the model's
 bounded family), the layer's forward not run twice. The iter_size passes of an iteration keep
 their own top shapes (keyed by the pass, :func:`in_pass`): each may give its own count.
+Tops no forward has given yet are provisional (:func:`provisional`): where a later layer
+refuses them, a forward's model is a probe up to the layer (lowering/model.py), whose forward
+then runs in an io_callback (:func:`probing`) before the net is built at the real shapes.
 
 Inside the compiled program the layer runs on the host through JAX callbacks, with numpy
 ``bottom``/``top`` blobs (``.data``, ``.diff``, ``.reshape``, ``.num`` …):

@@ -224,7 +224,7 @@ class Trainer:
                 models.append(self.member(inputs))
         if all(m is self.model for m in models):
             return self._step
-        if any(m.probe for m in models):  # run once: its Python layer's forward runs again
+        if any(m.probe for m in models):  # a probe runs once (then the pass runs again)
             return jax.jit(self._make_step(models), donate_argnums=self.donate)
         home = models[-1]
         key = ("train_step", id(self), tuple(m.signature for m in models))

@@ -211,3 +211,52 @@ def test_solver_step_and_cli_train_at_an_image_size_not_the_setup_size(tmp_path,
     for name, blobs in mine.items():
         for a, b in zip(blobs, theirs[name]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+COPY = '''import numpy as np
+import caffe2jax as caffe
+
+
+class Copy(caffe.Layer):
+    """Its top is its bottom, shaped only in forward (one row short with param_str 'short')."""
+
+    def setup(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def reshape(self, bottom, top):
+        pass
+
+    def forward(self, bottom, top):
+        rows = bottom[0].data[: len(bottom[0].data) - (self.param_str == "short")]
+        top[0].reshape(*rows.shape)
+        top[0].data[...] = rows
+'''
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_a_shape_still_wrong_after_forward_is_one_line(tmp_path, monkeypatch, short):
+    """Input rows 4 at Net::Init, 6 in the forward: the Python layer's tops stay (4,) until
+    its forward (``net.reshape()`` refuses them, as Caffe's Net::Reshape). When the forward
+    gives 6 rows the sum takes them; when it gives 5 the Eltwise refuses them in one line
+    naming it, as Caffe's Reshape would."""
+    (tmp_path / "copy_layer.py").write_text(COPY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "net.prototxt"
+    path.write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 } } }\n'
+        'layer { name: "copy" type: "Python" bottom: "data" top: "c" python_param { '
+        f'module: "copy_layer" layer: "Copy" param_str: "{"short" if short else ""}" }} }}\n'
+        'layer { name: "sum" type: "Eltwise" bottom: "c" bottom: "data" top: "s" }\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    net.blobs["data"].reshape(6)
+    net.blobs["data"].data[...] = np.arange(6)
+    with pytest.raises(caffe.CaffeError, match="layer 'sum'"):
+        net.reshape()  # Caffe's Net::Reshape: the Python layer's tops (4,) as they stand
+    if not short:
+        np.testing.assert_array_equal(net.forward()["s"], 2 * np.arange(6))
+        return
+    with pytest.raises(caffe.CaffeError) as err:
+        net.forward()
+    message = str(err.value)
+    assert "\n" not in message and "layer 'sum' (type Eltwise)" in message, message
