@@ -11,7 +11,8 @@ transposed: width before height, as the script does), then R-Net and O-Net on a 
 The oracle: OpenCV dnn runs the same weights (saved by ``net.save``) on the same inputs at
 every step; the stages' boxes are chosen from OpenCV's scores, so both run the same crops.
 With DuinoDu's real det1..3.caffemodel and its test images (not in this repository) the
-script's final boxes equal OpenCV's to 1.3e-5 px (checked by hand; docs/pycaffe_scripts.md).
+script's final boxes equal OpenCV's to 1.3e-5 px (checked by hand; README, "Porting a
+pycaffe script").
 """
 
 from __future__ import annotations
