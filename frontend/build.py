@@ -178,7 +178,8 @@ def build_net(
     """
     dialect = dialect or Dialect()
     builder = _Builder(source, text, dialect)
-    params = with_auto_crop_offsets(net.layer, builder.fail)  # RCF's AutoCrop: from the net
+    hed = not (dialect.given and dialect.key == "bvlc")  # a bare Crop: HED's unless told BVLC
+    params = with_auto_crop_offsets(net.layer, builder.fail, hed)  # RCF's AutoCrop, HED's Crop
     layers = [builder.layer(param, name) for param, name in zip(params, _unique_names(net))]
     rename = _rename_last_versions(layers, builder.current)
 

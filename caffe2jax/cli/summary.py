@@ -87,7 +87,8 @@ def summary_lines(
         if backward is not None:
             does = "needs" if backward.layer else "does not need"
             lines.append(f"{layer.name} {does} backward computation.")
-    lines += [f"This network produces output {name}" for name in net.outputs]
+    outputs = sorted(net.outputs, key=str.encode)  # Net::Init's std::set<string>: by name
+    lines += [f"This network produces output {name}" for name in outputs]
     lines.append("Network initialization done.")
     return lines
 

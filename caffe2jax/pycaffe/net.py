@@ -111,7 +111,8 @@ class Net:
         self._inputs = [u for layer in model.net.layers
                         if layer.type == "Input" and layer.name not in hosts
                         for u in layer.top_names]  # fmt: skip
-        self._outputs = tuple(model.outputs)
+        # Net::Init lists the blobs left unconsumed from a std::set<string>: by name, bytewise
+        self._outputs = tuple(sorted(model.outputs, key=str.encode))
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(version_shape(model, layout.diff_version[name]), model.dtype))
             for name in layout.names

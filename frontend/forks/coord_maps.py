@@ -1,5 +1,6 @@
 """RCF's AutoCrop offsets, from the net as RCF's Caffe finds them (yun-liu/rcf@ce460ff,
-src/caffe/layers/auto_crop_layer.cpp and include/caffe/util/coords.hpp).
+src/caffe/layers/auto_crop_layer.cpp and include/caffe/util/coords.hpp), and those of HED's
+``Crop`` (s9xie/hed, src/caffe/layers/crop_layer.cpp: the same walk, under BVLC's type name).
 
 AutoCropLayer::LayerSetUp walks back from each bottom along each layer's first bottom (the
 first layer that wrote a blob: in-place layers are passed over) to the first blob on bottom 0's
@@ -15,6 +16,14 @@ arithmetic is float32, as ``DiagonalAffineMap<float>``'s.
 
 The offsets are written into a copy of the AutoCrop layer's LayerParameter as BVLC's
 ``crop_param`` (axis 2, offset [h, w]): AutoCrop is a Crop whose offsets come from the net.
+
+HED's Caffe has no ``crop_param`` (its caffe.proto stops at tile_param): its two-bottom
+``Crop`` always cuts where the walk above aligns the bottoms, so HED's nets (deploy.prototxt,
+train_val.prototxt) carry a bare ``Crop``. BVLC's Crop without ``crop_param`` cuts at offset
+0. A bare two-bottom Crop whose bottoms the walk aligns at a nonzero offset is therefore read as
+HED's (only HED's Caffe ran such a net to the alignment its author meant), unless the dialect
+``bvlc`` is given; where the walk cannot align the bottoms (HED's Caffe would refuse the net)
+or aligns them at 0, BVLC's offset 0 stands.
 """
 
 from __future__ import annotations
@@ -144,9 +153,37 @@ def _whole_shift(param: Param, crop: Map, fail: Fail) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def with_auto_crop_offsets(layers: Sequence[Param], fail: Fail) -> list[Param]:
-    """``layers`` with each AutoCrop layer's offsets in a copy of its ``crop_param``."""
-    if not any(p.type == "AutoCrop" for p in layers):
+class _Unaligned(Exception):
+    """HED's walk found no alignment (its Caffe would stop there): BVLC's Crop stands."""
+
+
+def is_bare_crop(param: Param) -> bool:
+    """A two-bottom Crop without ``crop_param``: BVLC's offset 0, or HED's Crop."""
+    return param.type == "Crop" and len(param.bottom) == 2 and not param.HasField("crop_param")
+
+
+def _hed_offset(param: Param, layers: Sequence[Param], offsets) -> tuple[int, int] | None:
+    """Where HED's CropLayer::LayerSetUp cuts a bare Crop; None where it cannot align."""
+    try:
+        return _offset(param, layers, offsets, lambda p, why: _Unaligned(why))
+    except _Unaligned:
+        return None
+
+
+def _with_offset(param: Param, offset: tuple[int, int]) -> Param:
+    param = Param.FromString(param.SerializeToString())
+    param.crop_param.Clear()
+    param.crop_param.axis = 2
+    param.crop_param.offset.extend(offset)
+    return param
+
+
+def with_auto_crop_offsets(layers: Sequence[Param], fail: Fail, hed: bool = True) -> list[Param]:
+    """``layers`` with each AutoCrop layer's offsets in a copy of its ``crop_param``, and
+    with HED's where a bare Crop aligns elsewhere than 0 (``hed``: False when the dialect
+    ``bvlc`` is given)."""
+    hed = hed and any(is_bare_crop(p) for p in layers)
+    if not hed and not any(p.type == "AutoCrop" for p in layers):
         return list(layers)
     out: list[Param] = []
     offsets: dict[str, tuple[int, int]] = {}
@@ -154,11 +191,11 @@ def with_auto_crop_offsets(layers: Sequence[Param], fail: Fail) -> list[Param]:
         if param.type == "Crop" and _crop_offsets(param) is not None:
             offsets[param.name] = _crop_offsets(param)  # type: ignore[assignment]
         if param.type == "AutoCrop" and len(param.bottom) == 2:
-            offset = _offset(param, out, offsets, fail)
-            offsets[param.name] = offset
-            param = Param.FromString(param.SerializeToString())
-            param.crop_param.Clear()
-            param.crop_param.axis = 2
-            param.crop_param.offset.extend(offset)
+            offsets[param.name] = _offset(param, out, offsets, fail)
+            param = _with_offset(param, offsets[param.name])
+        elif hed and is_bare_crop(param):
+            offset = _hed_offset(param, out, offsets)
+            offsets[param.name] = offset or (0, 0)
+            param = _with_offset(param, offset) if offset and offset != (0, 0) else param
         out.append(param)
     return out

@@ -90,3 +90,16 @@ def test_c3d_crnn_deeplab_segnet_enet_data_and_3d_shapes(capsys):
     enet = _summary(capsys, FORK_MODELS / "enet_encoder_train.prototxt", "--phase", "TRAIN")
     assert "Top shape: 4 1 64 128 (32768)" in enet  # 512×1024 / label_divide_factor 8
     assert "not supported" not in enet  # BN and SpatialDropout are lowered now
+
+
+def test_outputs_are_listed_by_name_as_caffe_logs_them(capsys, tmp_path):
+    """Net::Init logs "This network produces output" from a std::set<string>: by name."""
+    convs = "".join(
+        f'layer {{ name: "{t}" type: "Convolution" bottom: "data" top: "{t}" '
+        "convolution_param { num_output: 1 kernel_size: 1 } }\n"
+        for t in ("zz", "bb", "Mb", "Ma")
+    )
+    net = tmp_path / "n.prototxt"
+    net.write_text('input: "data"\ninput_shape { dim: 1 dim: 1 dim: 2 dim: 2 }\n' + convs)
+    out = _summary(capsys, net)
+    assert re.findall(r"This network produces output (\w+)", out) == ["Ma", "Mb", "bb", "zz"]
