@@ -28,12 +28,15 @@ or aligns them at 0, BVLC's offset 0 stands.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
+
+log = logging.getLogger("caffe2jax")
 
 Param = caffe_pb2.LayerParameter
 Map = tuple[tuple[np.float32, np.float32], ...]  # per axis (scale, shift)
@@ -170,6 +173,15 @@ def _hed_offset(param: Param, layers: Sequence[Param], offsets) -> tuple[int, in
         return None
 
 
+def _say_hed(param: Param, offset: tuple[int, int]) -> None:
+    """One log line: the offsets differ from BVLC Caffe's 0, so the user is told once."""
+    log.warning(
+        "layer '%s' (type Crop) has no crop_param: cut at offset %s where its bottoms align, as "
+        "HED's Crop does (BVLC Caffe cuts at 0: give the dialect bvlc for that)",
+        param.name, list(offset),
+    )  # fmt: skip
+
+
 def _with_offset(param: Param, offset: tuple[int, int]) -> Param:
     param = Param.FromString(param.SerializeToString())
     param.crop_param.Clear()
@@ -196,6 +208,8 @@ def with_auto_crop_offsets(layers: Sequence[Param], fail: Fail, hed: bool = True
         elif hed and is_bare_crop(param):
             offset = _hed_offset(param, out, offsets)
             offsets[param.name] = offset or (0, 0)
-            param = _with_offset(param, offset) if offset and offset != (0, 0) else param
+            if offset and offset != (0, 0):
+                _say_hed(param, offset)
+                param = _with_offset(param, offset)
         out.append(param)
     return out

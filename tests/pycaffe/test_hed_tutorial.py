@@ -140,13 +140,17 @@ def test_tutorial_side_outputs_and_fuse_match_opencv_cropped_at_heds_offsets(hed
     np.testing.assert_allclose(fuse, want, rtol=0, atol=5e-5)  # five sides' rounding summed
 
 
-def test_the_crops_take_heds_offsets_and_bvlc_keeps_zero(hed):
+def test_the_crops_take_heds_offsets_and_bvlc_keeps_zero(hed, caplog):
     deploy, _ = hed
     for dialect, want in ((None, OFFSETS), ("bvlc", None)):
-        model = caffe2jax.compile(str(deploy), phase="TEST", dialect=dialect)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="caffe2jax"):
+            model = caffe2jax.compile(str(deploy), phase="TEST", dialect=dialect)
         crops = [lay for lay in model.net.layers if lay.type == "Crop"]
         got = [list(lay.param.crop_param.offset) for lay in crops]
         assert got == ([[o, o] for o in want.values()] if want else [[]] * 5)
+        said = [r.getMessage() for r in caplog.records if "HED's Crop" in r.getMessage()]
+        assert len(said) == (5 if want else 0), said  # BVLC's 0 differs: the user is told
 
 
 def test_a_bare_crop_the_maps_cannot_align_stays_bvlcs(tmp_path):
