@@ -13,3 +13,14 @@ def _restore_cwd():
     cwd = os.getcwd()
     yield
     os.chdir(cwd)
+
+
+def pytest_configure(config):
+    """``pytest -n 2`` (the README's command) schedules with xdist's ``worksteal``, not its
+    default ``load``: each worker starts on one half of the suite in order and an idle worker
+    takes half of the other's remaining tests, so a module's tests stay on one worker (its
+    module-scoped fixtures, e.g. the fuzz run or a compiled net, are built once, not once per
+    worker) and neither worker idles at the end. An explicit ``--dist`` is left as given."""
+    explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", None) == "load" and not explicit:
+        config.option.dist = "worksteal"
