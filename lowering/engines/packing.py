@@ -94,8 +94,9 @@ class Packer:
     def __call__(self, params: dict) -> dict:
         if not self.keys or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(params)):
             return params  # nothing to pack, or inside a caller's trace: no host packing
-        return _replace(params, {slot: self._packed(slot, key, params[slot[0]][slot[1]])
-                                 for slot, key in self.keys.items()})  # fmt: skip
+        return _replace(params, {(n, j): self._packed((n, j), key, params[n][j])
+                                 for (n, j), key in self.keys.items()
+                                 if n in params and params[n][j] is not None})  # fmt: skip
 
     def _packed(self, slot: Slot, key: bytes, w: Any) -> PackedWeights:
         made = self._made.get(slot)

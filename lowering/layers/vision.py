@@ -223,11 +223,13 @@ def _(layer: ir.Layer, bottom_shapes, planning: Planning) -> str:
 
 
 def onednn_key(layer: ir.Layer, shape: Shape, weights: Shape, channels_last: bool) -> bytes:
-    """The geometry key of the oneDNN primitive this 2-D Convolution runs on a (N, C, H, W)
-    bottom of ``shape`` (lowering/engines/packing.py packs its weights for that primitive)."""
+    """The geometry key of the oneDNN primitive this 2-D Convolution runs on a bottom of
+    Caffe ``shape``, axes before its channel axis folded into N as :func:`_batched` folds
+    them (lowering/engines/packing.py packs its weights for that primitive)."""
     g = conv_geometry(layer, tuple(shape))
+    x = (math.prod(shape[: g.axis]),) + tuple(shape[g.axis :])
     group = layer.param.convolution_param.group
-    return onednn.Geometry(tuple(shape), tuple(weights), g.stride, g.pad, g.dilation, group,
+    return onednn.Geometry(x, tuple(weights), g.stride, g.pad, g.dilation, group,
                            channels_last).key()  # fmt: skip
 
 

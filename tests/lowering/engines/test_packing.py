@@ -67,6 +67,24 @@ def test_packed_forward_is_the_unpacked_one_under_jit(channels_last):
     assert program.count("caffe2jax_onednn_fwd_packed") == 2
 
 
+def test_packed_forward_with_leading_batch_axes():
+    """A Convolution with ``axis: 2``: the axes before the channels fold into oneDNN's N, as
+    the lowering folds them, so the packed weights fit the primitive it runs."""
+    text = NET.replace("dim: 2 dim: 4", "dim: 2 dim: 3 dim: 4").replace(
+        "num_output: 8 kernel_size: 3 pad: 1", "num_output: 8 kernel_size: 3 pad: 1 axis: 2"
+    )
+    text = text[: text.index('layer { name: "c2"')]
+    model = compile_net(text, policy=ALL_DNN)
+    assert model.graph.engines == {"c1": "onednn"}
+    params, state = model.init(0)
+    x = np.random.default_rng(2).standard_normal((2, 3, 4, 11, 11)).astype(np.float32)
+    packed = model.packed(params)
+    assert isinstance(packed["c1"][0], packing.PackedWeights)
+    raw = jitted.forward(model, params, state, {"x": x})[0]["y"]
+    got = jax.jit(model.apply)(packed, state, {"x": x})[0]["y"]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(raw))
+
+
 def test_packed_only_when_the_array_is_the_same_object():
     model = _model(True)
     params, _ = model.init(0)
