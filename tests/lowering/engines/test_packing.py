@@ -104,6 +104,24 @@ def test_packed_only_when_the_array_is_the_same_object():
     assert np.asarray(before.data).any()
 
 
+def test_a_packed_forward_exports_and_loads():
+    """The start-up cache keeps pycaffe's forward as a jax.export serialization (allowing
+    the oneDNN custom calls, runtime/host/startup_cache.py): a packed tree's structure
+    serializes, and the loaded program gives the same top."""
+    from caffe2jax.runtime.host import startup_cache  # noqa: F401 - NetState's serialization
+
+    model = _model(True)
+    params, state = model.init(0)
+    packed = model.packed(params)
+    x = np.random.default_rng(3).standard_normal((2, 4, 11, 11)).astype(np.float32)
+    fn = jax.jit(lambda p, s, v: model.apply(p, s, {"x": v})[0]["z"])
+    checks = [jax.export.DisabledSafetyCheck.custom_call("caffe2jax_onednn_fwd_packed")]
+    data = jax.export.export(fn, disabled_checks=checks)(packed, state, x).serialize()
+    loaded = jax.export.deserialize(bytearray(data))
+    np.testing.assert_array_equal(np.asarray(loaded.call(packed, state, x)),
+                                  np.asarray(fn(packed, state, x)))  # fmt: skip
+
+
 def test_the_policy_turns_packing_off():
     off = dataclasses.replace(ALL_DNN, packed_weights=False)
     params, _ = _model(True, off).init(0)
