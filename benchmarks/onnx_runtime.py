@@ -1,12 +1,15 @@
 """onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
 
     python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
+        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked]
 
 GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models) and ResNet-50 (He et al. 2016,
 the published deploy net's layers, built here with NetSpec), random weights (their fillers;
 BatchNorm statistics mean 0, variance 1). Each net is exported with ``caffe2jax.export_onnx``
 and run by an onnxruntime CPU session at its default options (all graph optimizations, its
-own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's JAX setup.
+own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's JAX setup, on
+``model.packed(params)`` (oneDNN's weights packed once, as pycaffe's ``Net.forward`` runs it;
+``--peer unpacked`` times that against the same forward on Caffe-layout weights instead).
 Both are timed in one run, in alternating blocks (benchmarks/harness.py: median block, compile
 and session creation apart); the logits are checked to agree first (within 1e-4 of their
 largest magnitude). Prints the markdown table and writes
@@ -82,7 +85,15 @@ def weights(model):
     return params, state
 
 
-def case(name: str, prototxt: Path, batch: int, folder: Path, calls: int, blocks: int) -> Row:
+def case(
+    name: str,
+    prototxt: Path,
+    batch: int,
+    folder: Path,
+    calls: int,
+    blocks: int,
+    peer: str = "onnxruntime",
+) -> Row:
     import jax
     import onnxruntime as ort
 
@@ -100,14 +111,19 @@ def case(name: str, prototxt: Path, batch: int, folder: Path, calls: int, blocks
     forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
     check = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0][blob])
     params, state, xj = jax.device_put((params, state, x))
-    ours = lambda: forward(params, state, xj)  # noqa: E731
+    packed = model.packed(params)  # oneDNN's weights packed once, as Net.forward does
+    ours = lambda: forward(packed, state, xj)  # noqa: E731
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     theirs = lambda: session.run(["prob"], {"data": x})[0]  # noqa: E731
-    mine = np.asarray(check(params, state, xj))
+    mine = np.asarray(check(packed, state, xj))
+    assert np.array_equal(mine, np.asarray(check(params, state, xj))), "packing changed a value"
     other = session.run([logits], {"data": x})[0]
     gap = np.abs(mine - other).max() / np.abs(mine).max()
     assert gap < 1e-4, f"{name}: the logits differ by {gap:.2e}"
     note = f"export {export_s:.1f} s, logits within {gap:.1e}"
+    if peer == "unpacked":  # packing's own effect: the same forward on Caffe-layout weights
+        row = Row(f"{name} b{batch} forward", "caffe2jax unpacked", note=note)
+        return measure(row, ours, lambda: lambda: forward(params, state, xj), calls, blocks)
     row = Row(f"{name} b{batch} forward", "onnxruntime", note=note)
     return measure(row, ours, lambda: theirs, calls, blocks)
 
@@ -117,17 +133,30 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--nets", default="googlenet,resnet50", help="comma-separated")
+    parser.add_argument(
+        "--peer",
+        choices=("onnxruntime", "unpacked"),
+        default="onnxruntime",
+        help="unpacked: caffe2jax's forward without packed oneDNN weights",
+    )
     args = parser.parse_args()
     configure_jax(compile_cache=False)
     folder = Path(tempfile.mkdtemp(prefix="caffe2jax-onnx-bench-"))
-    nets = [("GoogLeNet", GOOGLENET), ("ResNet-50", resnet50(folder / "resnet50.prototxt",
-                                                             args.batch))]  # fmt: skip
-    rows = [case(n, p, args.batch, folder, args.calls, args.blocks) for n, p in nets]
+    wanted = args.nets.split(",")
+    nets = [
+        ("GoogLeNet", lambda: GOOGLENET),
+        ("ResNet-50", lambda: resnet50(folder / "resnet50.prototxt", args.batch)),
+    ]
+    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer)
+            for n, p in nets if n.lower().replace("-", "") in wanted]  # fmt: skip
     info = machine()
     import onnxruntime
 
     info["onnxruntime"] = onnxruntime.__version__
     title = f"onnxruntime {onnxruntime.__version__} on caffe2jax's ONNX export vs caffe2jax"
+    if args.peer == "unpacked":
+        title = "caffe2jax with oneDNN weights packed once vs unpacked (Caffe layout)"
     write("onnx-runtime", title, rows, info, "python benchmarks/onnx_runtime.py " +
           " ".join(sys.argv[1:]))  # fmt: skip
 

@@ -152,6 +152,7 @@ def inference(case: str, batch: int):
     x = np.random.default_rng(0).uniform(0, 1, (batch, 3, 224, 224)).astype(np.float32)
     forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
     params, state, xj = jax.device_put((params, state, x))
+    params = model.packed(params)  # oneDNN's weights packed once, as Net.forward runs it
     options = ort.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(folder / "ort")

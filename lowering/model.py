@@ -20,10 +20,12 @@ from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering import python_class
+from caffe2jax.lowering.engines import packing
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.fillers import Draws, draws_needed, fill
 from caffe2jax.lowering.graph import Graph, Params
+from caffe2jax.lowering.layers import vision
 from caffe2jax.lowering.python_blobs import PythonLayerError, probe_ending
 from caffe2jax.lowering.registry import NetState, type_problem
 from caffe2jax.lowering.shape_cache import ShapeCache
@@ -260,6 +262,19 @@ class Model:
         compiled program (see the class docstring)."""
         return self._program("apply")(params, state, _host_arrays(inputs), rng)
 
+    def packed(self, params: Params) -> Params:
+        """``params`` for :meth:`apply` on inputs of these shapes with each oneDNN
+        convolution's weights packed once into oneDNN's format (lowering/engines/packing.py;
+        ONNX Runtime's pre-packed initializers). Forward only: a packed tree has no gradient.
+        A weight is packed again whenever its array object changes; the result is the unpacked
+        forward's, bit for bit. ``params`` unchanged under a policy with ``packed_weights``
+        off."""
+        packer = self.programs.get("packer")
+        if packer is None:
+            keys = onednn_keys(self.graph) if self.policy.packed_weights else {}
+            packer = self.programs["packer"] = packing.Packer(keys)
+        return packer(params)
+
     def loss(
         self,
         params: Params,
@@ -354,6 +369,21 @@ class Model:
         shapes (the key of its family)."""
         tops = tuple((bound.name, bottoms, tops) for bound, bottoms, tops in self._python_tops)
         return tuple(sorted(self.inputs.items())), self.upto, tops
+
+
+def onednn_keys(graph: Graph) -> dict[tuple[str, int], bytes]:
+    """Each weight slot a oneDNN Convolution of ``graph`` reads, under its owner, with the
+    geometry key of its primitive (lowering/engines/packing.py; a slot read at several
+    geometries left out)."""
+    net, found = graph.net, []
+    for name, form in graph.engines.items():
+        layer = net.layer(name)
+        if form == "onednn" and layer.type == "Convolution":
+            slot = graph.shared.get((name, 0), (name, 0))
+            shape, weights = net.shapes[layer.bottoms[0]], graph.decls[name][0].shape
+            found.append((slot, vision.onednn_key(layer, shape, weights,
+                                                  name in graph.nhwc_layers)))  # fmt: skip
+    return packing.single(found)
 
 
 def _host_arrays(inputs: Mapping[str, Any]) -> dict[str, Any]:

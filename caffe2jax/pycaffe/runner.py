@@ -141,8 +141,8 @@ class Runner:
             out, new_state = programs.replay(model, lo, hi)(params, state, env, rng)
         else:
             returned = frozenset(writes[n] for n in wanted if n in writes) | self._sunk(model)
-            run = programs.forward(model, lo, hi, returned)
-            out, new_state, key, rng = run(params, state, env, key)
+            run = programs.forward(model, lo, hi, returned)  # oneDNN's weights packed once
+            out, new_state, key, rng = run(model.packed(params), state, env, key)
         settle(model.net, out)
         self.compiled.key = key
         self.last = record = Forward(model, lo, hi, params, state, rng, env, out if self.wide

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from caffe2jax.lowering.engines import onednn
+from caffe2jax.lowering.engines import onednn, packing
 
 Ints = Sequence[int]
 
@@ -91,7 +91,13 @@ def patches(x: jax.Array, w: jax.Array, stride: Ints, pad: Ints, dilation: Ints)
 def convolve(
     form: str, x, w, stride: Ints, pad: Ints, dilation: Ints, group: int, channels_last: bool
 ) -> jax.Array:
-    """The convolution of ``x`` with ``w`` (no bias) in ``form`` (see the module docstring)."""
+    """The convolution of ``x`` with ``w`` (no bias) in ``form`` (see the module docstring);
+    ``w`` may be a forward-only program's :class:`~packing.PackedWeights` (packing.py)."""
+    if isinstance(w, packing.PackedWeights):
+        if form != "onednn":
+            raise ValueError(f"packed weights of {w.slot} reached a {form!r} convolution")
+        g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
+        return packing.convolve(g, x, w)
     if form == "onednn":
         return onednn.convolution(x, w, stride, pad, dilation, group, channels_last)
     if form == "pointwise":

@@ -15,12 +15,12 @@ entry points are XLA *legacy* custom-call targets (``API_VERSION_STATUS_RETURNIN
 ``void f(void* out, const void** in, const char* opaque, size_t len, void* status)``) made
 from :data:`ctypes.CFUNCTYPE` pointers and registered with ``jax.ffi.register_ffi_target``.
 XLA hands them its own buffers (no copies); the opaque string names the geometry, whose
-oneDNN primitives are built once, at trace time, and cached. Activations are either
-channels-last (N, H, W, C: what ``lowering/layout.py`` feeds) or Caffe's (N, C, H, W), weights
-Caffe's (num_output, C/group, kh, kw) (``goihw`` with groups); weights are reordered to the
-primitive's preferred blocked format inside each call, never stored that way. Each call
-passes through Python (the ctypes callback takes the GIL: tens of µs, against milliseconds of
-convolution); measured in benchmarks/onednn_conv.py.
+oneDNN primitives are built once, at trace time, and cached. Activations are channels-last
+(N, H, W, C: lowering/layout.py) or Caffe's (N, C, H, W), weights Caffe's (O, C/group, kh, kw)
+(``goihw`` with groups), reordered to the primitive's blocked format inside each call — except
+a forward-only program's ``fwd_packed`` calls, which take weights packed once on the host
+(packing.py). Each call passes through Python (the ctypes callback takes the GIL: tens of µs,
+against milliseconds of convolution); measured in benchmarks/onednn_conv.py.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def _dnnl() -> ctypes.CDLL:
     """libdnnl (loaded once), its CPU engine, and the custom-call targets registered."""
     lib = _load(_find_library())
     lib.dnnl_primitive_desc_query_md.restype = _VOIDP
+    lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
     engine = _VOIDP()
     _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
     lib.engine = engine
@@ -108,7 +109,7 @@ def _dnnl() -> ctypes.CDLL:
     capsule_new.restype = ctypes.py_object
     capsule_new.argtypes = (_VOIDP, ctypes.c_char_p, _VOIDP)
     lib.callbacks = {}
-    for kind in ("fwd", "bwd_data", "bwd_weights"):
+    for kind in ("fwd", "fwd_packed", "bwd_data", "bwd_weights"):
         callback = _CALLBACK(functools.partial(_run, kind))
         lib.callbacks[kind] = callback  # keep the function pointer alive
         capsule = capsule_new(ctypes.cast(callback, _VOIDP), b"xla._CUSTOM_CALL_TARGET", None)
@@ -239,20 +240,14 @@ class _Conv:
         stream = getattr(self.local, "stream", None)
         if stream is None:
             stream = self.local.stream = _VOIDP()
-            _check(
-                self.lib.dnnl_stream_create(
-                    ctypes.byref(stream), self.lib.engine, _STREAM_IN_ORDER
-                ),
-                "stream",
-            )
+            create = self.lib.dnnl_stream_create
+            _check(create(ctypes.byref(stream), self.lib.engine, _STREAM_IN_ORDER), "stream")
         return stream
 
     def _memory(self, md, handle):
-        handle = handle if isinstance(handle, _VOIDP) else _VOIDP(handle)
-        mem = _VOIDP()
-        _check(
-            self.lib.dnnl_memory_create(ctypes.byref(mem), md, self.lib.engine, handle), "memory"
-        )
+        handle, mem = handle if isinstance(handle, _VOIDP) else _VOIDP(handle), _VOIDP()
+        _check(self.lib.dnnl_memory_create(ctypes.byref(mem), md, self.lib.engine, handle),
+               "memory")  # fmt: skip
         return mem
 
     def _exec(self, stream, primitive, args):
@@ -266,15 +261,35 @@ class _Conv:
         finally:
             self.lib.dnnl_memory_destroy(scratch)
 
-    def run(self, kind: str, out, ins) -> None:
-        """One call from XLA: ``out`` the result buffer, ``ins`` the operand buffers."""
-        lib, stream = self.lib, self._stream()
-        mems = []
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """Caffe-layout weights ``w`` reordered on the host into the forward primitive's own
+        format (what a ``fwd_packed`` call takes; flat, padding zero-filled by the reorder)."""
+        w = np.ascontiguousarray(w, np.float32)
+        out = np.empty(self.lib.dnnl_memory_desc_get_size(self.w_md["fwd"]) // 4, np.float32)
+        if "fwd" not in self.reorders:
+            out[:] = w.ravel()
+            return out
+        pairs = ((self.w_user_md, w), (self.w_md["fwd"], out))
+        mems = [self._memory(md, array.ctypes.data) for md, array in pairs]
         try:
-            user_w = self._memory(self.w_user_md, out if kind == "bwd_weights" else ins[1])
+            self._exec(self._stream(), self.reorders["fwd"], list(zip((_ARG_FROM, _ARG_TO), mems)))
+        finally:
+            for mem in mems:
+                self.lib.dnnl_memory_destroy(mem)
+        return out
+
+    def run(self, kind: str, out, ins) -> None:
+        """One call from XLA: ``out`` the result buffer, ``ins`` the operand buffers
+        (``fwd_packed``: the forward with weights :meth:`pack` made)."""
+        lib, stream = self.lib, self._stream()
+        mems, packed = [], kind == "fwd_packed"
+        kind = "fwd" if packed else kind
+        try:
+            w_md = self.w_md["fwd"] if packed else self.w_user_md
+            user_w = self._memory(w_md, out if kind == "bwd_weights" else ins[1])
             mems.append(user_w)
             w = user_w
-            if kind in self.reorders:
+            if kind in self.reorders and not packed:
                 w = self._memory(self.w_md[kind], _ALLOCATE)
                 mems.append(w)
                 if kind != "bwd_weights":
@@ -301,9 +316,10 @@ _CONVS: dict[bytes, _Conv] = {}
 _LOCK = threading.Lock()
 
 
-def _conv_for(key: bytes) -> _Conv:
+def primitives(key: bytes) -> _Conv:
     """The primitives of the geometry ``key`` names, built on first use (normally at trace
-    time; in the callback only for a program compiled by an earlier process)."""
+    time; in the callback only for a program compiled by an earlier process); lowering/engines/
+    packing.py packs weights for their forward."""
     conv = _CONVS.get(key)
     if conv is None:
         with _LOCK:
@@ -316,7 +332,7 @@ def _conv_for(key: bytes) -> _Conv:
 def _run(kind, out, ins, opaque, length, status) -> None:
     key = opaque[:length]
     try:
-        _conv_for(key).run(kind, out, ins)
+        primitives(key).run(kind, out, ins)
     except Exception as error:  # an exception cannot cross the C boundary back into XLA
         poison(kind, key, out)
         print(f"caffe2jax: oneDNN {kind} convolution failed, its result is NaN: {error!r}",
@@ -327,15 +343,15 @@ def poison(kind: str, key: bytes, out: int) -> None:
     """Fill a failed call's result with NaN: jaxlib exports no way to fail the XLA call, and
     a step must not go on with a silently wrong number (the loss turns NaN instead)."""
     g = Geometry.parse(key)
-    dims = {"fwd": g.y, "bwd_data": g.x, "bwd_weights": g.w}[kind]
+    dims = {"fwd": g.y, "fwd_packed": g.y, "bwd_data": g.x, "bwd_weights": g.w}[kind]
     count = int(np.prod(dims))
     buffer = (ctypes.c_float * count).from_address(out)
     np.frombuffer(buffer, np.float32)[:] = np.nan
 
 
-def _call(kind: str, g: Geometry, shape, *operands):
+def call(kind: str, g: Geometry, shape, *operands):
     key = g.key()
-    _conv_for(key)  # build (and check) the primitives now, at trace time
+    primitives(key)  # build (and check) the primitives now, at trace time
     return jax.ffi.ffi_call(
         f"caffe2jax_onednn_{kind}",
         jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -348,7 +364,7 @@ def _call(kind: str, g: Geometry, shape, *operands):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def conv2d(g: Geometry, x: jax.Array, w: jax.Array) -> jax.Array:
     """Caffe's 2-D convolution (no bias) of ``x`` with Caffe-layout weights ``w`` by oneDNN."""
-    return _call("fwd", g, g.shaped(g.y), x, w)
+    return call("fwd", g, g.shaped(g.y), x, w)
 
 
 def _fwd(g, x, w):
@@ -362,8 +378,8 @@ def _bwd(g, res, dy):
 def backward(g: Geometry, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple:
     """The bottom and weight diffs of the convolution ``g`` (Caffe's Backward_cpu) by oneDNN's
     backward-data and backward-weights primitives, whatever computed the forward."""
-    dx = _call("bwd_data", g, g.shaped(g.x), dy, w)
-    dw = _call("bwd_weights", g, g.w, x, dy)
+    dx = call("bwd_data", g, g.shaped(g.x), dy, w)
+    dw = call("bwd_weights", g, g.w, x, dy)
     return dx, dw
 
 

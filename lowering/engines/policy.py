@@ -116,6 +116,11 @@ class EnginePolicy:
     patches: bool = True
     few_channels: int = 4
     patches_max_macs: int = 64_000_000
+    # Forward-only programs (pycaffe's Net.forward, ``caffe2jax time``, Model.packed) take the
+    # oneDNN convolutions' weights packed once into oneDNN's format (lowering/engines/
+    # packing.py) instead of reordering them on every call (GoogLeNet b1 forward: 0.81× the
+    # unpacked time, docs/performance.md).
+    packed_weights: bool = True
     pool: str = "auto"
     channels_last: bool = True
     backend: str | None = None

@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.engines import conv_forms
+from caffe2jax.lowering.engines import conv_forms, onednn
 from caffe2jax.lowering.engines.policy import ConvShape
 from caffe2jax.lowering.registry import Context, ParamDecl, Planning, register
 from caffe2jax.lowering.util import canonical_axis, fail, nchw
@@ -220,6 +220,17 @@ def _(layer: ir.Layer, bottom_shapes, planning: Planning) -> str:
     conv = ConvShape(x, weights.shape, geometry.pad, group, macs, planning.dtype,
                      planning.channels_last)  # fmt: skip
     return planning.policy.conv_form(conv)
+
+
+def onednn_key(layer: ir.Layer, shape: Shape, weights: Shape, channels_last: bool) -> bytes:
+    """The geometry key of the oneDNN primitive this 2-D Convolution runs on a bottom of
+    Caffe ``shape``, axes before its channel axis folded into N as :func:`_batched` folds
+    them (lowering/engines/packing.py packs its weights for that primitive)."""
+    g = conv_geometry(layer, tuple(shape))
+    x = (math.prod(shape[: g.axis]),) + tuple(shape[g.axis :])
+    group = layer.param.convolution_param.group
+    return onednn.Geometry(x, tuple(weights), g.stride, g.pad, g.dilation, group,
+                           channels_last).key()  # fmt: skip
 
 
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:
