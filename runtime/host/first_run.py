@@ -81,4 +81,10 @@ def first_call(jitted: Any, args: tuple) -> Any:
     if jax.default_backend() != "cpu" or environment.value(SWITCH_ENV).strip() == "0":
         return None
     lowered = jitted.lower(*args)
-    return Tiered(lowered) if big(lowered) else None
+    if not big(lowered):
+        return None
+    try:
+        return Tiered(lowered)
+    except Exception as err:  # an XLA that refuses the option: compile as usual
+        log.info("first run: no quick executable (%s)", err)
+        return None

@@ -99,3 +99,11 @@ def test_small_programs_are_not_tiered(monkeypatch):
     tiered.wait()
     assert tiered(*args) is not None and tiered.optimised is not None
     np.testing.assert_array_equal(tiered(*args), jitted(*args))
+
+
+def test_a_quick_compile_that_fails_leaves_the_usual_compile(monkeypatch):
+    monkeypatch.delenv(first_run.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(first_run, "MIN_OPS", 1)
+    monkeypatch.setattr(first_run, "QUICK_OPTIONS", {"xla_no_such_option": 0})
+    jitted = jax.jit(lambda x: jnp.tanh(x) * 3)
+    assert first_run.first_call(jitted, (jnp.ones((3, 4)),)) is None
