@@ -1,7 +1,7 @@
 """A big program's first run on the CPU: its first result from a quickly compiled executable
 while the optimised one compiles in a background thread.
 
-What a pycaffe script's first run waits for is XLA:CPU compiling the net (GoogLeNet: ≈ 60 %
+What a pycaffe script's first run waits for is XLA:CPU compiling the net (GoogLeNet: 40–60 %
 of launch → first output, docs/performance.md "Start-up"), most of it LLVM optimising and
 generating the machine code of each fused kernel (the convolutions are oneDNN's or library
 calls already). The same HLO compiled with ``xla_backend_optimization_level=0`` (LLVM -O0)
