@@ -16,7 +16,11 @@ a fresh cache folder, so caffe2jax and its peer alternate; the table gives each 
 ratios and the medians. Prints the load average too: timings on a shared machine are noisy,
 the ratios (same round) are what to compare.
 
-    python benchmarks/pycaffe_startup.py [--rounds N] [--full] [--no-time]
+``--before``: each round also runs the first run with ``CAFFE2JAX_QUICK_FIRST_RUN=0`` (no
+quick executable first, runtime/host/first_run.py) on its own fresh cache, and the table adds
+its row and each first run's launch → exit.
+
+    python benchmarks/pycaffe_startup.py [--rounds N] [--full] [--no-time] [--before]
 """
 
 from __future__ import annotations
@@ -97,17 +101,22 @@ def resnet152(path: Path) -> None:
 
 
 def launch_to_output(code: str, args: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """Seconds from launching ``python -c code args`` to its first printed line."""
+    """Seconds from launching ``python -c code args`` to its first printed line (and, in
+    :data:`EXITS`, to the process's exit)."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(code)
     start = time.time()
     done = subprocess.run([sys.executable, f.name, *args, repr(start)], capture_output=True,
                           text=True, env=env, timeout=1800)  # fmt: skip
+    EXITS.append(time.time() - start)
     os.unlink(f.name)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     seconds, rest = done.stdout.split(" ", 1)
     return float(seconds), rest.strip()
+
+
+EXITS: list[float] = []  # launch → exit of each launch_to_output, in order
 
 
 def time_lines(model: Path, env: dict[str, str], full: bool) -> tuple[float, float | None]:
@@ -138,6 +147,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also time to the last layer line")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the three scripts")
     parser.add_argument("--no-time", action="store_true", help="skip the `caffe2jax time` rows")
+    before = "also a first run with CAFFE2JAX_QUICK_FIRST_RUN=0 each round (first_run.py)"
+    parser.add_argument("--before", action="store_true", help=before)
     args = parser.parse_args()
     import caffe2jax
 
@@ -153,12 +164,18 @@ def main() -> None:
         env.pop("CAFFE2JAX_NO_COMPILE_CACHE", None)
         load = os.getloadavg()[0]
         first, what = launch_to_output(PYCAFFE, files, env)
+        first_exit = EXITS[-1]
         second, _ = launch_to_output(PYCAFFE, files, env)
         opencv, peer = launch_to_output(OPENCV, files, env)
-        rows.append((load, first, second, opencv))
-        print(f"round {k}: load {load:.1f}; first {first:.2f} s, second {second:.2f} s, "
-              f"OpenCV {opencv:.2f} s: {first / opencv:.2f}x, {second / opencv:.2f}x",
-              flush=True)  # fmt: skip
+        # the first run without the quick executable (runtime/host/first_run.py), own cache
+        env_off = {**env, "CAFFE2JAX_CACHE_DIR": str(work / f"cache{k}-off"),
+                   "CAFFE2JAX_QUICK_FIRST_RUN": "0"}  # fmt: skip
+        slow, _ = launch_to_output(PYCAFFE, files, env_off) if args.before else (first, "")
+        rows.append((load, first, second, opencv, slow, first_exit, EXITS[-1]))
+        print(f"round {k}: load {load:.1f}; first {first:.2f} s (exit {first_exit:.2f} s), "
+              f"second {second:.2f} s, OpenCV {opencv:.2f} s: {first / opencv:.2f}x, "
+              f"{second / opencv:.2f}x; first without the quick executable {slow:.2f} s "
+              f"(exit {EXITS[-1]:.2f} s): {slow / opencv:.2f}x", flush=True)  # fmt: skip
     if not args.no_time:
         t_first = time_lines(resnet, env, args.full)
         t_second = time_lines(resnet, env, args.full)
@@ -178,6 +195,14 @@ def main() -> None:
         f"| GoogLeNet deploy b10: script launch → first output, second run (cache) | "
         f"{second:.2f} s | {opencv:.2f} s | {ratios[1]:.2f}× |"
     )
+    if args.before:
+        slow = statistics.median(r[4] for r in rows)
+        ratio = statistics.median(r[4] / r[3] for r in rows)
+        exits = [statistics.median(r[i] for r in rows) for i in (5, 6)]
+        print(f"| GoogLeNet deploy b10: first run, CAFFE2JAX_QUICK_FIRST_RUN=0 | {slow:.2f} s | "
+              f"{opencv:.2f} s | {ratio:.2f}× |")  # fmt: skip
+        print(f"| launch → exit of the first run, quick first on / off | {exits[0]:.2f} s / "
+              f"{exits[1]:.2f} s | — | — |")  # fmt: skip
     if args.no_time:
         return
     for label, (a, b) in (("first run", t_first), ("second run", t_second)):

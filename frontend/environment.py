@@ -54,6 +54,10 @@ _ALL = (
              "unset: the OS's user cache folder + `caffe2jax/xla` (`~/.cache/caffe2jax/xla` on "
              "Linux)",
              "the folder of the compilation cache", "runtime/host/compile_cache.py"),
+    Variable("CAFFE2JAX_QUICK_FIRST_RUN", "unset or `1`: on; `0`: off",
+             "a big program's first run on the CPU: its first calls run an executable compiled "
+             "at LLVM -O0 while the optimised one compiles in the background (same results)",
+             "runtime/host/first_run.py"),
     Variable("CAFFE2JAX_DEFAULT_JAX_CACHE_DIR", "set by caffe2jax, not by users",
              "marks `JAX_COMPILATION_CACHE_DIR` as caffe2jax's default (not the user's "
              "choice) for child processes", "runtime/host/compile_cache.py"),

@@ -75,8 +75,8 @@ class EnginePolicy:
     device, XLA elsewhere, silently; ``onednn`` — the size rule on any device count, a warning if
     libdnnl is missing; ``onednn-all`` — every 2-D float32 convolution on oneDNN (no pointwise
     or patches forms); ``xla`` — no oneDNN. The size rule: at least ``onednn_min_macs`` forward
-    multiply-adds and more than one input channel per group; depthwise convolutions (one input
-    channel per group, several groups) go to oneDNN whatever their size.
+    multiply-adds and more than one input channel; grouped convolutions (depthwise ones,
+    ResNeXt's and DPN's) go to oneDNN whatever their size.
 
     ``pointwise``: on the CPU a channels-last 1×1, unpadded, ungrouped convolution is one
     matrix product over channels; where oneDNN's rule also takes it, its gradients are
@@ -100,9 +100,12 @@ class EnginePolicy:
     # grey images), benchmarks/onednn_conv.py --sizes measured XLA's own convolution as fast or
     # faster (fwd+bwd: 2.5M MACs 0.71×, 9.6M 0.85×, 10M 0.82×; 1 input channel 0.12–0.34×; from
     # 19.7M 0.97–1.71×, and 5.95× on a 4×4 image): the pass through Python costs ~0.2 ms a call.
-    # Depthwise convolutions (group = channels) are outside the rule: XLA:CPU's grouped
-    # convolution is slow, backward above all (benchmarks/ssd_train.py, MobileNet-SSD train step
-    # b4 300×300: 3.50 s → 1.13 s an iteration; MobileNet-v2 SSDLite forward b1 248 → 138 ms).
+    # Grouped convolutions are outside the rule: XLA:CPU's grouped convolution is slow, backward
+    # above all. Depthwise (group = channels; benchmarks/ssd_train.py, MobileNet-SSD train step
+    # b4 300×300: 3.50 s → 1.13 s an iteration; MobileNet-v2 SSDLite forward b1 248 → 138 ms)
+    # and ResNeXt's/DPN's (group 32–64, 3–24 channels a group, b1 and b8: benchmarks/
+    # grouped_conv.py, oneDNN's forward 1.1–13× faster but 0.23× at 24 a group on 7×7, forward
+    # + backward 57–1650×; XLA:CPU compiles each grouped backward for 6–137 s).
     onednn_min_macs: int = 16_000_000
     # XLA:CPU otherwise copies a 1×1 kernel into HWIO on every call (benchmarks/fast_paths.py
     # --path pointwise).
@@ -181,7 +184,7 @@ class EnginePolicy:
             return False
         if self.conv == "auto" and jax.device_count() > 1:
             return False
-        if self.conv != "onednn-all" and not _depthwise(c):
+        if self.conv != "onednn-all" and c.group == 1:  # grouped: oneDNN at any size
             if c.macs < self.onednn_min_macs or c.w[1] <= 1:
                 return False
         if np.dtype(c.dtype) != np.float32:
@@ -218,11 +221,6 @@ class EnginePolicy:
         if setting == "auto" and op == "max" and all(k <= s for k, s in zip(kernel, stride)):
             return "phases-rw"  # off the CPU: per-offset selects where windows do not overlap
         return "xla"
-
-
-def _depthwise(c: ConvShape) -> bool:
-    """One input channel per group and several groups: MobileNet's, ShuffleNet's 3×3s."""
-    return c.group > 1 and c.w[1] == 1
 
 
 def resolve(policy: EnginePolicy | None) -> EnginePolicy:

@@ -42,7 +42,7 @@ import jax
 
 from caffe2jax.lowering.registry import NetState
 from caffe2jax.runtime.formats.atomic import atomic_write
-from caffe2jax.runtime.host import compile_cache
+from caffe2jax.runtime.host import compile_cache, first_run
 
 log = logging.getLogger("caffe2jax.startup")
 
@@ -252,6 +252,7 @@ class Program:
         self.compiled: Any = None
         self.signature: str | None = None
         self.loaded = False  # whether the program came from the cache
+        self.tiered: Any = None  # not loaded: first_run.Tiered, or the jitted program
 
     def __call__(self, *args: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
@@ -262,10 +263,12 @@ class Program:
             self.compiled = None if exported is None else _jitted_call(exported)
         if self.compiled is not None and _signature(args) == self.signature:
             try:
-                return self.compiled(*args)
+                if not self.loaded and self.tiered is None:  # a first run: quick, then optimised
+                    self.tiered = first_run.first_call(self.compiled, args) or self.compiled
+                return (self.tiered or self.compiled)(*args)
             except (TypeError, ValueError) as err:  # refused before running: nothing ran
                 log.info("startup cache: the kept program refused its arguments (%s)", err)
-                self.compiled = None
+                self.compiled = self.tiered = None
         return self.jitted(*args)
 
     def _exported(self, args: tuple) -> Any:

@@ -125,13 +125,21 @@ def conv(x=(8, 16, 32, 32), w=(32, 16, 3, 3), pad=(1, 1), group=1, macs=None, dt
         ({"pointwise": False}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=1), "xla"),
         ({}, conv(w=(32, 16, 1, 1), pad=(1, 1), macs=1), "xla"),  # padded: not a matmul
         ({}, conv(w=(32, 16, 1, 1), pad=(0, 0), channels_last=False, macs=1), "xla"),
-        ({}, conv(w=(32, 8, 1, 1), pad=(0, 0), group=2, macs=1), "xla"),
+        ({}, conv(w=(32, 8, 1, 1), pad=(0, 0), group=2, macs=1), "onednn"),  # grouped: no matmul
         ({"conv": "onednn-all"}, conv(w=(32, 16, 1, 1), pad=(0, 0)), "onednn"),
         ({}, conv(), "onednn"),  # 8·32·32·32·144 multiply-adds ≥ 16M
         ({}, conv(macs=16_000_000 - 1), "xla"),
         # depthwise: oneDNN at any size (XLA:CPU's grouped convolution is slow)
         ({}, conv(w=(16, 1, 3, 3), group=16, macs=1_000), "onednn"),
         ({"conv": "xla"}, conv(w=(16, 1, 3, 3), group=16), "xla"),
+        # grouped, a few channels a group (DPN-92's first stage, ResNeXt's): oneDNN at any size
+        ({}, conv(x=(1, 96, 56, 56), w=(96, 3, 3, 3), group=32), "onednn"),  # 8.1M MACs
+        ({}, conv(x=(1, 8, 4, 4), w=(8, 4, 3, 3), group=2), "onednn"),
+        ({"conv": "xla"}, conv(x=(1, 96, 56, 56), w=(96, 3, 3, 3), group=32), "xla"),
+        ({"backend": "gpu"}, conv(x=(1, 96, 56, 56), w=(96, 3, 3, 3), group=32), "xla"),
+        ({}, conv(x=(1, 96, 8, 56, 56), w=(96, 3, 3, 3, 3), group=32, channels_last=False),
+         "xla"),  # 3-D
+        ({}, conv(x=(1, 96, 56, 56), w=(96, 3, 3, 3), group=32, dtype=np.float64), "xla"),
         ({}, conv(x=(8, 1, 32, 32), w=(16, 1, 3, 3), macs=1_000, channels_last=False), "xla"),
         ({"onednn_min_macs": 1_000}, conv(macs=1_000), "onednn"),
         ({"conv": "xla"}, conv(), "xla"),

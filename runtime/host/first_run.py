@@ -1,0 +1,90 @@
+"""A big program's first run on the CPU: its first result from a quickly compiled executable
+while the optimised one compiles in a background thread.
+
+What a pycaffe script's first run waits for is XLA:CPU compiling the net (GoogLeNet: 40–60 %
+of launch → first output, docs/performance.md "Start-up"), most of it LLVM optimising and
+generating the machine code of each fused kernel (the convolutions are oneDNN's or library
+calls already). The same HLO compiled with ``xla_backend_optimization_level=0`` (LLVM -O0)
+takes under half as long and runs its elementwise kernels unvectorised (GoogLeNet b10's
+forward ≈ 2.5× slower): cheaper than the optimised compile for a first result. So the first
+call of a :class:`Tiered` program compiles that quick executable and runs it, and a
+background thread compiles the optimised executable (written to JAX's persistent cache as
+every compile is, so a second run of the script loads it); later calls run the quick one
+until the optimised one is ready, then the optimised one. Both executables come from one
+lowered module: the same kernels in the same order of floating-point operations (LLVM
+reorders no float arithmetic without fast-math, which XLA:CPU leaves off), so their results
+are bit-identical (tests/runtime/host/test_first_run.py). The thread is not a daemon: a
+script that ends first waits for it, and the optimised executable reaches the cache.
+
+Only programs with at least :data:`MIN_OPS` operations take this path (a small net's compile
+is short, and compiling it twice would only cost time); ``CAFFE2JAX_QUICK_FIRST_RUN=0`` turns it
+off, as does the start-up cache's switch (``CAFFE2JAX_NO_COMPILE_CACHE=1``): it is the first run
+of a :class:`~caffe2jax.runtime.host.startup_cache.Program`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import jax
+
+from caffe2jax.frontend import environment
+
+log = logging.getLogger("caffe2jax.startup")
+
+SWITCH_ENV = "CAFFE2JAX_QUICK_FIRST_RUN"
+QUICK_OPTIONS = {"xla_backend_optimization_level": 0}  # LLVM -O0: same HLO, same arithmetic
+# StableHLO operations from which a program takes the quick executable first (GoogLeNet's
+# forward has 1,116; the test suite's small nets tens)
+MIN_OPS = 400
+
+
+def big(lowered: Any) -> bool:
+    """Whether a lowered program has at least :data:`MIN_OPS` operations."""
+    return lowered.as_text().count(" = stablehlo.") >= MIN_OPS
+
+
+class Tiered:
+    """A jitted function's executable for one argument signature, quick first, optimised
+    once the background compile is done (see the module docstring). Call it with arguments of
+    the signature it was made for."""
+
+    def __init__(self, lowered: Any):
+        self.quick = lowered.compile(QUICK_OPTIONS)
+        self.optimised: Any = None
+        self.failed: str | None = None
+        self.thread = threading.Thread(target=self._compile, args=(lowered,),
+                                       name="caffe2jax-compile")  # fmt: skip
+        self.thread.start()
+
+    def _compile(self, lowered: Any) -> None:
+        try:
+            self.optimised = lowered.compile()
+        except Exception as err:  # the quick executable serves every call then
+            self.failed = str(err)
+            log.warning("first run: the optimised compile failed (%s); running unoptimised", err)
+
+    def __call__(self, *args: Any) -> Any:
+        run = self.optimised if self.optimised is not None else self.quick
+        return run(*args)
+
+    def wait(self) -> None:
+        """Block until the optimised executable is compiled (or its compile failed)."""
+        self.thread.join()
+
+
+def first_call(jitted: Any, args: tuple) -> Any:
+    """A :class:`Tiered` executable of ``jitted`` for ``args`` when the backend is the CPU and
+    the program is big; None otherwise (the caller runs ``jitted`` as usual)."""
+    if jax.default_backend() != "cpu" or environment.value(SWITCH_ENV).strip() == "0":
+        return None
+    lowered = jitted.lower(*args)
+    if not big(lowered):
+        return None
+    try:
+        return Tiered(lowered)
+    except Exception as err:  # an XLA that refuses the option: compile as usual
+        log.info("first run: no quick executable (%s)", err)
+        return None
