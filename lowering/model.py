@@ -22,8 +22,8 @@ from caffe2jax.lowering import python_class
 from caffe2jax.lowering.engines import packing
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
+from caffe2jax.lowering.fillers import host_init
 from caffe2jax.lowering.graph import Graph, Params
-from caffe2jax.lowering.host_init import host_init
 from caffe2jax.lowering.layers import vision
 from caffe2jax.lowering.python_blobs import PythonLayerError, probe_ending
 from caffe2jax.lowering.registry import type_problem

@@ -158,8 +158,10 @@ def test_users_proposals_equal_the_builtins(tmp_path, checkout):
     net.layers[0].set_roidb(images)
     import rpn.proposal_layer as proposal
 
-    user = _test_forwards(net, 2)
-    assert [phase for phase, _ in proposal.forwards] == ["TEST", "TEST"]
+    # one forward each side: every new proposal count compiles the whole net again (the
+    # programs of nets with Python layers are not kept in JAX's persistent cache)
+    user = _test_forwards(net, 1)
+    assert [phase for phase, _ in proposal.forwards] == ["TEST"]
     counts = [len(run["rpn_rois"]) for run in user]
     assert 1 < min(counts) and max(counts) < 300, counts  # not setup's (1, 5), not padded
 
@@ -167,8 +169,8 @@ def test_users_proposals_equal_the_builtins(tmp_path, checkout):
     net = caffe.Net(str(shrunk_net(folder)), caffe.TEST, weights=str(tmp_path / "w.caffemodel"))
     np.random.seed(3)
     net.layers[0].set_roidb(images)
-    builtin = _test_forwards(net, 2)
-    assert len(proposal.forwards) == 2  # the user's layer ran no more: the built-in did
+    builtin = _test_forwards(net, 1)
+    assert len(proposal.forwards) == 1  # the user's layer ran no more: the built-in did
     for mine, theirs, n in zip(user, builtin, counts):
         assert theirs["rpn_rois"].shape == (300, 5)
         # float32 boxes on both sides; exp and the decode may round differently by an ulp
@@ -201,9 +203,9 @@ def test_cli_train_and_test_run_the_users_layers(tmp_path, checkout, monkeypatch
     assert trained[::2] == ["TRAIN", "TRAIN"], trained
     log.unlink()
     done = run_cli("test", "--model", net, "--weights", tmp_path / "frcnn_iter_1.caffemodel",
-                   "--iterations", "2", cwd=tmp_path)  # fmt: skip
+                   "--iterations", "1", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     tested = log.read_text().split()
-    assert tested[::2] == ["TEST", "TEST"], tested
+    assert tested[::2] == ["TEST"], tested
     batches = re.findall(r"Batch \d+, loss_cls = (\S+)", done.stderr)
-    assert len(batches) == 2 and np.isfinite([float(v) for v in batches]).all()
+    assert len(batches) == 1 and np.isfinite([float(v) for v in batches]).all()
