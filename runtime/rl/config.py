@@ -56,6 +56,7 @@ from caffe2jax.runtime.rl.rollout import RESET_MODES
 from caffe2jax.runtime.rl.update import UpdateSettings
 from caffe2jax.runtime.rl.update import from_proto as update_settings
 
+ALE_ROLLOUTS = ("program", "steps")  # ale_program.AleProgram, ale_loop.AleLoop
 UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
 # Gymnasium's reward_threshold of the same environments
 GYMNAX_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
@@ -94,6 +95,7 @@ class RLConfig:
     preprocess: bool = True
     overlap: bool = True
     env_threads: int = 0
+    ale_rollout: str = "steps"  # "program": emulators stepped inside the compiled rollout
     update: UpdateSettings = UpdateSettings()  # PG, TRPO or PPO (:mod:`.update`)
 
     @property
@@ -151,6 +153,7 @@ def _atari(rl: Any) -> dict[str, Any]:
         "preprocess": rl.preprocess,
         "overlap": rl.overlap,
         "env_threads": rl.env_threads,
+        "ale_rollout": rl.ale_rollout,
     }
 
 
@@ -290,6 +293,11 @@ def _check_ale(config: RLConfig) -> None:
         )
     if config.frameskip is not None and config.frameskip < 1:
         raise RLError(f"rl_param frameskip must be >= 1, got {config.frameskip}")
+    if config.ale_rollout not in ALE_ROLLOUTS:
+        raise RLError(
+            f"rl_param ale_rollout must be one of {', '.join(map(repr, ALE_ROLLOUTS))}, "
+            f"got {config.ale_rollout!r}"
+        )
     sticky = config.repeat_action_probability
     if sticky is not None and not 0 <= sticky <= 1:
         raise RLError(f"rl_param repeat_action_probability must lie in [0, 1], got {sticky}")
