@@ -96,11 +96,11 @@ class Lanes:
         n = len(self.episode)
         reward, ended = np.zeros(n, np.float32), np.zeros(n, np.bool_)
         played = self.episode.copy()
-        for g, sl in enumerate(self.envs.slices):
-            if (played[sl] >= 0).any():
-                self.red[sl], reward[sl], ended[sl] = self.envs.step(
-                    g, action[sl], self._uniforms(sl)
-                )
+        slices = self.envs.slices
+        live = [g for g, sl in enumerate(slices) if (played[sl] >= 0).any()]
+        steps = [(action[slices[g]], self._uniforms(slices[g])) for g in live]
+        for g, out in zip(live, self.envs.step_groups(live, steps)):
+            self.red[slices[g]], reward[slices[g]], ended[slices[g]] = out
         self.length += played >= 0
         stop = (played >= 0) & (ended | ((self.horizon > 0) & (self.length >= self.horizon)))
         self._assign(np.flatnonzero(stop))

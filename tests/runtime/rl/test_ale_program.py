@@ -16,7 +16,7 @@ try:
 except ImportError as err:  # the [dev] and [atari] extras install it: missing is a failure
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
-from caffe2jax.runtime.rl import ale_loop, ale_program
+from caffe2jax.runtime.rl import ale_eval, ale_loop, ale_program
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
 
@@ -90,6 +90,17 @@ def test_lanes_restart_inside_a_chunk_and_idle_after_the_last_episode(pair):
     assert played[:10].tolist() == [[0, 1]] * 10 and played[10:20].tolist() == [[2, -1]] * 10
     assert (played[20:] == -1).all() and not x[10, 0].any()  # episode 2's first input: zero
     assert x[11:20, 0].any()  # then the differences of its frames
+
+
+def test_evaluation_plays_the_per_step_loop_on_the_same_emulators(pair):
+    """``caffe2jax rl --test`` with ``ale_rollout: "program"`` (greedy or sampled play,
+    screens for a GIF) runs the per-step loop: the same results as with ``"steps"``."""
+    steps, program = pair
+    ts = steps.init()
+    a, _ = ale_eval.evaluate(steps, ts.params, ts.state, episodes=1, greedy=False, seed=2)
+    b, screens = ale_eval.evaluate(program, ts.params, ts.state, 1, False, 2, frames=3)
+    assert a.returns.tolist() == b.returns.tolist() and a.lengths.tolist() == [90]
+    assert b.lengths.tolist() == [90] and len(screens) == 3
 
 
 def test_trajectory_orders_steps_by_episode():
