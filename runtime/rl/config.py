@@ -32,8 +32,10 @@ setting                     unset means                 MyCaffe's (paper's) valu
 Atari (``env: "ALE/<Game>-v5"``, :mod:`.ale_env`): ``num_envs`` (1) emulators at once,
 ``frameskip`` (the id's: 4), ``repeat_action_probability`` (the id's: 0.25), ``actions`` (the
 minimal action set), ``preprocess`` (true: Karpathy's Pong preprocessing, :mod:`.pixels`),
-``overlap`` (true), ``env_threads`` (0: one per core); ``difference_input`` is on unless
-set (Karpathy's and MyCaffe's ``cur - prev``).
+``overlap`` (true), ``env_threads`` (0: one per core), ``ale_rollout`` ("steps": one jitted
+call per agent step, :mod:`.ale_loop`; "program": the emulators stepped inside compiled
+rollouts of ``rollout_chunk`` agent steps, :mod:`.ale_program`; the same episodes either way);
+``difference_input`` is on unless set (Karpathy's and MyCaffe's ``cur - prev``).
 
 ``horizon`` truncates episodes; capped envs use their cap as the static scan length. With no
 horizon (MyCaffe's gym) an episode runs until the env ends it: the batch is played as a chain
