@@ -22,15 +22,20 @@ stored inputs, hence the same update (tested):
   (:func:`.ale_env.sticky_generator`), one ``frameskip`` row per step;
 * a restarted lane's first input is zero (Karpathy's ``prev_x = None``).
 
-The lanes' bookkeeping (which episode each plays, its length, its sticky generator) lives on
-the host beside the emulators, which it drives; the device carries the screens, the previous
-preprocessed frames, the step counter and whether any lane still plays. Each chunk returns its
-steps time-major; :func:`trajectory` orders them by episode into the padded
-:class:`.rollout.Trajectory` the loop's batch would give.
+Inside each step the emulator groups are pipelined as the loop overlaps them: a group's
+forward, its emulators started on a host thread (one ``io_callback``), then the other group's
+step collected (another) — so one group's emulators run while the other group's forward
+computes; with one group the step is started and collected at once. The lanes' bookkeeping
+(which episode each plays, its length, its sticky generator) lives on the host beside the
+emulators, which it drives; the device carries each group's latest screens, previous
+preprocessed frames and step in flight, the step counter and whether any lane still plays.
+Each chunk returns its steps time-major (a second group's one row late); :func:`trajectory`
+orders them by episode into the padded :class:`.rollout.Trajectory` the loop's batch gives.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -51,8 +56,9 @@ if TYPE_CHECKING:
 
 class Lanes:
     """The emulators and the lanes' bookkeeping for one batch, as the program's callback
-    drives them: :meth:`begin` resets every lane onto the batch's first episodes, :meth:`step`
-    takes one agent step of every lane and restarts the lanes whose episode ended."""
+    drives them: :meth:`begin` resets every lane onto the batch's first episodes, :meth:`start`
+    starts one agent step of a group's emulators on a thread, :meth:`finish` collects it and
+    restarts the lanes whose episode ended."""
 
     def __init__(self, envs: AleEnvs, seed: int, horizon: int):
         self.envs, self.seed, self.horizon = envs, seed, horizon
@@ -62,6 +68,8 @@ class Lanes:
         self.sticky: list[np.random.Generator | None] = [None] * n
         self.red = np.zeros((n, pixels.SIZE, pixels.SIZE), np.uint8)
         self.first = self.count = self.next = 0
+        self.pending: list[tuple | None] = [None] * len(envs.groups)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ale-program")
 
     @property
     def live(self) -> bool:
@@ -79,6 +87,7 @@ class Lanes:
         """Episodes ``first .. first + count - 1``: every lane reset; the screens."""
         self.first, self.count, self.next = first, count, 0
         self._assign(np.arange(len(self.episode)))
+        self.pending = [None] * len(self.envs.groups)
         for g, sl in enumerate(self.envs.slices):
             self.red[sl] = self.envs.reset(g)
         return self.red.copy()
@@ -90,74 +99,98 @@ class Lanes:
         idle = np.ones(frames)  # an idle lane keeps its action: nothing is recorded
         return np.stack([g.random(frames) if g is not None else idle for g in self.sticky[sl]])
 
-    def step(self, action: np.ndarray) -> tuple:
-        """One agent step of every group with a lane still playing: ``(screens, rewards,
-        episode each lane played (-1: idle), has a previous frame, absolute episode, live)``."""
-        n = len(self.episode)
-        reward, ended = np.zeros(n, np.float32), np.zeros(n, np.bool_)
-        played = self.episode.copy()
-        slices = self.envs.slices
-        live = [g for g, sl in enumerate(slices) if (played[sl] >= 0).any()]
-        steps = [(action[slices[g]], self._uniforms(slices[g])) for g in live]
-        for g, out in zip(live, self.envs.step_groups(live, steps)):
-            self.red[slices[g]], reward[slices[g]], ended[slices[g]] = out
-        self.length += played >= 0
-        stop = (played >= 0) & (ended | ((self.horizon > 0) & (self.length >= self.horizon)))
-        self._assign(np.flatnonzero(stop))
-        restart = stop & (self.episode >= 0)
-        for g, sl in enumerate(self.envs.slices):
-            if restart[sl].any():
-                self.red[sl] = np.where(
-                    restart[sl, None, None], self.envs.reset(g, restart[sl]), self.red[sl]
-                )
-        absolute = self.first + np.maximum(self.episode, 0)
-        return (self.red.copy(), reward, played.astype(np.int32), ~stop,
-                absolute.astype(np.int32), np.bool_(self.live))  # fmt: skip
+    def start(self, g: int, action: np.ndarray) -> np.ndarray:
+        """Start one agent step of group ``g`` on the emulator thread (not if none of its lanes
+        plays); :meth:`finish` collects it."""
+        sl = self.envs.slices[g]
+        played = self.episode[sl].copy()
+        job = None
+        if (played >= 0).any():
+            job = self.pool.submit(self.envs.step, g, np.asarray(action), self._uniforms(sl))
+        self.pending[g] = (played, job)
+        return np.int32(0)
+
+    def finish(self, g: int) -> tuple:
+        """Group ``g``'s started step, its ended lanes restarted: ``(screens, rewards, episode
+        each lane played (-1: idle or nothing started), has a previous frame, absolute
+        episode, any lane still playing or stepping)``."""
+        sl = self.envs.slices[g]
+        k = sl.stop - sl.start
+        reward, ended = np.zeros(k, np.float32), np.zeros(k, np.bool_)
+        played, job = self.pending[g] or (np.full(k, -1), None)
+        self.pending[g] = None
+        if job is not None:
+            self.red[sl], reward, ended = job.result()
+        self.length[sl] += played >= 0
+        stop = (played >= 0) & (ended | ((self.horizon > 0) & (self.length[sl] >= self.horizon)))
+        self._assign(sl.start + np.flatnonzero(stop))
+        restart = stop & (self.episode[sl] >= 0)
+        if restart.any():
+            self.red[sl] = np.where(
+                restart[:, None, None], self.envs.reset(g, restart), self.red[sl]
+            )
+        has_prev = ~stop & (played >= 0)  # nothing started (a batch's start): no previous frame
+        absolute = (self.first + np.maximum(self.episode[sl], 0)).astype(np.int32)
+        live = self.live or any(p is not None for p in self.pending)
+        return (self.red[sl].copy(), reward, played.astype(np.int32), has_prev, absolute,
+                np.bool_(live))  # fmt: skip
 
 
-def _out_shapes(n: int) -> tuple:
+def _finish_shapes(k: int) -> tuple:
     return (
-        jax.ShapeDtypeStruct((n, pixels.SIZE, pixels.SIZE), jnp.uint8),
-        jax.ShapeDtypeStruct((n,), jnp.float32),
-        jax.ShapeDtypeStruct((n,), jnp.int32),
-        jax.ShapeDtypeStruct((n,), jnp.bool_),
-        jax.ShapeDtypeStruct((n,), jnp.int32),
+        jax.ShapeDtypeStruct((k, pixels.SIZE, pixels.SIZE), jnp.uint8),
+        jax.ShapeDtypeStruct((k,), jnp.float32),
+        jax.ShapeDtypeStruct((k,), jnp.int32),
+        jax.ShapeDtypeStruct((k,), jnp.bool_),
+        jax.ShapeDtypeStruct((k,), jnp.int32),
         jax.ShapeDtypeStruct((), jnp.bool_),
     )
 
 
 def chunk_fn(trainer: PolicyGradientTrainer, lanes: Lanes, steps: int) -> Any:
     """``(params, state, key, carry) -> (carry, (stored x, probs, actions, rewards, played))``:
-    ``steps`` agent steps of every lane, time-major, one XLA call (jit it). ``carry`` is
-    ``(screens, previous frames, has previous, absolute episode, step, live)``."""
-    act = act_fn(trainer)
-    slices, n = lanes.envs.slices, trainer.config.num_envs
-    shapes = _out_shapes(n)
+    ``steps`` agent steps of every lane, time-major, one XLA call (jit it).
 
-    def forward(params, state, key, carry):
-        red, prev, has_prev, episode, t, _ = carry
-        groups = [act(params, state, red[sl], prev[sl], has_prev[sl], key, t, np.int32(g),
-                      episode[sl], False) for g, sl in enumerate(slices)]  # fmt: skip
-        return tuple(jnp.concatenate(parts) for parts in zip(*groups))
+    Each step pipelines the groups as the per-step loop does: group ``g``'s forward, its
+    emulators started, then the next group's started step collected — so one group's
+    emulators run while the other's forward computes. ``carry`` is ``(latest, prev, held,
+    step, live)``: per group the latest ``(screens, has previous, absolute episode)``, the
+    previous preprocessed frames, and the outputs of its step in flight."""
+    act = act_fn(trainer)
+    slices = lanes.envs.slices
+    count = len(slices)
+
+    def forward(params, state, key, latest, prev, t, g):
+        red, has_prev, episode = latest[g]
+        return act(params, state, red, prev[g], has_prev, key, t, np.int32(g), episode, False)
 
     def real(params, state, key, carry):
-        stored, probs, action, cur = forward(params, state, key, carry)
-        red, reward, played, has_prev, episode, live = io_callback(
-            lanes.step, shapes, action, ordered=True
-        )
-        t = carry[4] + 1
-        return (red, cur, has_prev, episode, t, live), (stored, probs, action, reward, played)
+        latest, prev, held, t, _ = (list(c) if isinstance(c, tuple) else c for c in carry)
+        outs, live = [None] * count, None
+        for g in range(count):
+            stored, probs, action, prev[g] = forward(params, state, key, latest, prev, t, g)
+            io_callback(lanes.start, jax.ShapeDtypeStruct((), jnp.int32), g, action,
+                        ordered=True)  # fmt: skip
+            held[g], h = (stored, probs, action), (g + 1) % count
+            k = slices[h].stop - slices[h].start
+            red, reward, played, has_prev, episode, live = io_callback(
+                lanes.finish, _finish_shapes(k), h, ordered=True
+            )
+            latest[h] = (red, has_prev, episode)
+            outs[h] = (*held[h], reward, played)
+        row = tuple(jnp.concatenate(parts) for parts in zip(*outs))
+        return (tuple(latest), tuple(prev), tuple(held), t + 1, live), row
 
     def skip(params, state, key, carry):
-        stored, probs, action, _ = jax.eval_shape(forward, params, state, key, carry)
-        zeros = tuple(jnp.zeros(s.shape, s.dtype) for s in (stored, probs, action, shapes[1]))
-        return carry, (*zeros, jnp.full(shapes[2].shape, -1, jnp.int32))  # played: idle
-
-    def body(args, carry, _):
-        return lax.cond(carry[-1], real, skip, *args, carry)
+        out = jax.eval_shape(lambda c: real(params, state, key, c)[1], carry)
+        zeros = [jnp.zeros(o.shape, o.dtype) for o in out[:4]]
+        return carry, (*zeros, jnp.full(out[4].shape, -1, jnp.int32))  # played: idle
 
     def run(params, state, key, carry):
-        return lax.scan(lambda c, i: body((params, state, key), c, i), carry, None, length=steps)
+        def body(c, _):
+            return lax.cond(c[-1], real, skip, params, state, key, c)
+
+        return lax.scan(body, carry, None, length=steps)
 
     return run
 
@@ -186,6 +219,19 @@ def trajectory(played: np.ndarray, steps: tuple, count: int) -> Trajectory:
     return Trajectory(*(jnp.asarray(a) for a in (*out, mask)))
 
 
+def _held_shapes(trainer: PolicyGradientTrainer, k: int) -> tuple:
+    """The stored input, probabilities and actions of ``k`` lanes' step."""
+    params, state = jax.eval_shape(trainer.model.init, jax.random.key(0))
+    red = jax.ShapeDtypeStruct((k, pixels.SIZE, pixels.SIZE), jnp.uint8)
+    prev = jax.ShapeDtypeStruct((k, pixels.SIZE * pixels.SIZE), jnp.float32)
+    flags, ints = jax.ShapeDtypeStruct((k,), jnp.bool_), jax.ShapeDtypeStruct((k,), jnp.int32)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    act = act_fn(trainer)
+    out = jax.eval_shape(lambda *a: act(*a, False), params, state, red, prev, flags,
+                         jax.random.key(0), scalar, scalar, ints)  # fmt: skip
+    return out[:3]
+
+
 class AleProgram:
     """Drives the Atari emulators from inside compiled rollouts (:class:`~.driver.EnvDriver`):
     ``batch_size`` episodes in chunks of ``rollout_chunk`` agent steps, then the trainer's
@@ -196,15 +242,20 @@ class AleProgram:
         self.trainer = trainer
         self.lanes = Lanes(trainer.ale, cfg.seed, cfg.horizon or 0)
         self.chunk = jax.jit(chunk_fn(trainer, self.lanes, cfg.rollout_chunk))
+        self.held = [_held_shapes(trainer, sl.stop - sl.start) for sl in trainer.ale.slices]
 
     def play(self, params: Any, state: Any, key: jax.Array, first: int, count: int) -> tuple:
         """Episodes ``first .. first + count - 1``: ``(played, (stored x, probs, actions,
         rewards))``, every chunk's steps concatenated in time."""
-        n = self.trainer.config.num_envs
         red = self.lanes.begin(first, count)
         episode = (first + np.maximum(self.lanes.episode, 0)).astype(np.int32)
-        prev = jnp.zeros((n, pixels.SIZE * pixels.SIZE), jnp.float32)
-        carry = (red, prev, np.zeros(n, np.bool_), episode, np.int32(0), np.bool_(True))
+        latest, prev, held = [], [], []
+        for sl, shapes in zip(self.lanes.envs.slices, self.held):
+            k = sl.stop - sl.start
+            latest.append((red[sl], np.zeros(k, np.bool_), episode[sl]))
+            prev.append(jnp.zeros((k, pixels.SIZE * pixels.SIZE), jnp.float32))
+            held.append(tuple(jnp.zeros(s.shape, s.dtype) for s in shapes))
+        carry = (tuple(latest), tuple(prev), tuple(held), np.int32(0), np.bool_(True))
         chunks = []
         while self.lanes.live:
             carry, out = self.chunk(params, state, key, carry)
