@@ -168,31 +168,24 @@ class AleEnvs:
         ``sticky`` (``(n, frameskip)`` uniforms, needed when stickiness is on): on frame ``f``
         an emulator applies its previous action again where ``sticky[:, f] < p``. A lane whose
         episode ends on a frame gets nothing from the frames after it."""
-        return self.step_groups([group], [(actions, sticky)])[0]
-
-    def step_groups(self, groups: list[int], steps: list[tuple]) -> list[tuple]:
-        """:meth:`step` of several groups at once, ``steps`` their ``(actions, sticky)``: each
-        frame is sent to every group before any is received, so the groups' emulators run
-        side by side."""
-        s = self.settings
-        wanted = [self.action_ids[np.asarray(a)] for a, _ in steps]
-        stickiness = s.repeat_action_probability != 0
-        frames = s.frameskip if stickiness else 1  # else the vector env skips the frames
-        total = [np.zeros(len(w), np.float32) for w in wanted]
-        ended = [np.zeros(len(w), np.bool_) for w in wanted]
-        for f in range(frames):
-            for g, w, (_, sticky) in zip(groups, wanted, steps):
-                if stickiness:  # the frame skip played here, with the host's sticky draws
-                    sl = self.slices[g]
-                    stuck = sticky[:, f] < s.repeat_action_probability
-                    self.applied[sl] = w = np.where(stuck, self.applied[sl], w)
-                self.groups[g].send(w.astype(np.int32))
-            for i, g in enumerate(groups):
-                obs, reward, terminated, truncated, _ = self.groups[g].recv()
-                total[i] += np.where(ended[i], 0, reward)
-                ended[i] |= terminated | truncated
-                self.screens[g] = obs
-        return [(pixels.crop(self.screens[g]), t, e) for g, t, e in zip(groups, total, ended)]
+        env, sl, s = self.groups[group], self.slices[group], self.settings
+        wanted = self.action_ids[np.asarray(actions)]
+        if s.repeat_action_probability == 0:
+            env.send(wanted)
+            obs, reward, terminated, truncated, _ = env.recv()
+            self.screens[group] = obs
+            return pixels.crop(obs), reward.astype(np.float32), terminated | truncated
+        total = np.zeros(len(wanted), np.float32)
+        ended = np.zeros(len(wanted), np.bool_)
+        for f in range(s.frameskip):
+            applied = np.where(sticky[:, f] < s.repeat_action_probability, self.applied[sl], wanted)
+            self.applied[sl] = applied
+            env.send(applied.astype(np.int32))
+            obs, reward, terminated, truncated, _ = env.recv()
+            total += np.where(ended, 0, reward)
+            ended |= terminated | truncated
+        self.screens[group] = obs
+        return pixels.crop(obs), total, ended
 
     def close(self) -> None:
         for env in self.groups:
