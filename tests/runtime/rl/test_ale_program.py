@@ -121,6 +121,21 @@ def test_trajectory_orders_steps_by_episode():
     np.testing.assert_array_equal(np.asarray(traj.actions)[:2], [[1, 0, 0], [0, 1, 0]])
 
 
+def test_the_solver_and_the_cli_name_the_setting(tmp_path):
+    from caffe2jax.cli.main import build_parser
+    from caffe2jax.frontend.parse import read_solver
+    from caffe2jax.runtime.rl import config
+
+    path = tmp_path / "solver.prototxt"
+    path.write_text(
+        KARPATHY.read_text().replace("num_envs: 10", 'num_envs: 10 ale_rollout: "program"')
+    )
+    assert config.from_solver(read_solver(path)).ale_rollout == "program"
+    assert config.from_solver(read_solver(KARPATHY)).ale_rollout == "steps"  # the default
+    args = build_parser().parse_args(["rl", "--solver", str(path), "--ale-rollout", "steps"])
+    assert args.ale_rollout == "steps"
+
+
 def test_a_bad_setting_fails_with_one_line():
     with pytest.raises(RLError, match="ale_rollout must be one of 'program', 'steps', got 'xla'"):
         PolicyGradientTrainer(KARPATHY, seed=0, ale_rollout="xla")
