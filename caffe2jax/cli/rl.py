@@ -42,6 +42,12 @@ def add(sub: Subparsers) -> None:
     p.add_argument("--seed", type=int, help="PRNG seed (same seed, same numbers)")
     p.add_argument("--horizon", type=int, help="rollout horizon for envs without a step cap")
     p.add_argument("--gpu", help="split each batch of episodes over devices: 'all' or ids 0,1")
+    p.add_argument(
+        "--ale-rollout",
+        choices=("program", "steps"),
+        help="Atari: emulators stepped inside the compiled rollout (program) or between "
+        "per-step calls (steps); default: rl_param ale_rollout",
+    )
     p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
     p.add_argument("--every", type=int, default=100, help="progress line every N episodes")
     p.add_argument("--snapshot-prefix", metavar="P", help="write P_iter_N.* snapshots")
@@ -347,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _pyplot()  # a missing matplotlib fails now, not after training
     trainer = PolicyGradientTrainer(args.solver, env=args.env, seed=args.seed, horizon=args.horizon,
-                                    devices=args.gpu)  # fmt: skip
+                                    devices=args.gpu, ale_rollout=args.ale_rollout)  # fmt: skip
     cfg, spec = trainer.config, trainer.policy.spec
     print(
         f"Environment {cfg.env}, {spec.kind} policy with {spec.num_actions} actions, "

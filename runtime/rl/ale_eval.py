@@ -1,6 +1,6 @@
 """Running a trained policy on Atari without learning (``caffe2jax rl --test`` on ``ALE/…``).
 
-The episodes are played by the trainer's driver (:meth:`.ale_loop.AleLoop.play`) — the
+The episodes are played by the per-step loop (:meth:`.ale_loop.AleLoop.play`) — the
 same emulators, preprocessing and action draw as training — greedily (the most probable
 action) or sampled as MyCaffe's ``Brain.act`` draws; episode ``k`` uses the sticky-action
 generator of the test seed and ``k``. The screens of the first episode can be kept for a GIF
@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from caffe2jax.lowering.graph import Params
+from caffe2jax.runtime.rl.ale_loop import AleLoop
 from caffe2jax.runtime.rl.evaluate import EvalResult
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ def evaluate(
         if group == 0 and episode[0] == 0 and len(screens) < frames:
             screens.append(np.array(obs[0, -1] if obs.ndim == 5 else obs[0]))
 
-    played = trainer.driver.play(params, state, jax.random.key(seed), 0, episodes,
-                           greedy=greedy, record=False, on_screen=keep)  # fmt: skip
+    loop = trainer.driver if isinstance(trainer.driver, AleLoop) else AleLoop(trainer)
+    played = loop.play(params, state, jax.random.key(seed), 0, episodes,
+                       greedy=greedy, record=False, on_screen=keep)  # fmt: skip
     lengths = played.steps.astype(np.int64)
     horizon = trainer.config.horizon or 0
     truncated = int(np.sum(lengths >= horizon)) if horizon else 0

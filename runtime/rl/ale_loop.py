@@ -58,7 +58,7 @@ def decoder(config: RLConfig) -> Callable[[jax.Array], jax.Array]:
     return lambda x: pixels.unpack_difference(x.reshape(x.shape[0], 2, -1), size)
 
 
-def _act_fn(trainer: PolicyGradientTrainer) -> Any:
+def act_fn(trainer: PolicyGradientTrainer) -> Any:
     """``(params, state, red, prev, has_prev, key, step, group, episode, greedy) ->
     (stored x, probs, action, cur)`` for one group of lanes (the draw's key is ``key`` folded
     with the group's step and the group)."""
@@ -220,7 +220,7 @@ class _Runner:
         return True
 
 
-def _bucket(steps: int) -> int:
+def bucket(steps: int) -> int:
     """Trajectory lengths: multiples of 64 (the learn chunk) on a 1, 1.25, 1.5, 1.75 × 2^m
     grid, so the update compiles once per bucket and pads at most 25%."""
     if steps <= 256:
@@ -235,7 +235,7 @@ def _bucket(steps: int) -> int:
 def trajectory(played: Played, k: int) -> Trajectory:
     """The batch, time-major and padded: inputs as stored, actions, probs, rewards, mask."""
     count = len(played.actions)
-    length = _bucket(int(played.lengths.max()))
+    length = bucket(int(played.lengths.max()))
     row = np.asarray(played.x[0][0])
     x = np.zeros((length, count, *row.shape), row.dtype)
     actions = np.zeros((length, count), np.int32)
@@ -259,7 +259,7 @@ class AleLoop:
     def __init__(self, trainer: PolicyGradientTrainer):
         self.trainer = trainer
         self.envs = trainer.ale
-        self.act = jax.jit(_act_fn(trainer), static_argnames="greedy")
+        self.act = jax.jit(act_fn(trainer), static_argnames="greedy")
 
     def play(
         self,

@@ -32,8 +32,10 @@ setting                     unset means                 MyCaffe's (paper's) valu
 Atari (``env: "ALE/<Game>-v5"``, :mod:`.ale_env`): ``num_envs`` (1) emulators at once,
 ``frameskip`` (the id's: 4), ``repeat_action_probability`` (the id's: 0.25), ``actions`` (the
 minimal action set), ``preprocess`` (true: Karpathy's Pong preprocessing, :mod:`.pixels`),
-``overlap`` (true), ``env_threads`` (0: one per core); ``difference_input`` is on unless
-set (Karpathy's and MyCaffe's ``cur - prev``).
+``overlap`` (true), ``env_threads`` (0: one per core), ``ale_rollout`` ("steps": one jitted
+call per agent step, :mod:`.ale_loop`; "program": the emulators stepped inside compiled
+rollouts of ``rollout_chunk`` agent steps, :mod:`.ale_program`; the same episodes either way);
+``difference_input`` is on unless set (Karpathy's and MyCaffe's ``cur - prev``).
 
 ``horizon`` truncates episodes; capped envs use their cap as the static scan length. With no
 horizon (MyCaffe's gym) an episode runs until the env ends it: the batch is played as a chain
@@ -56,6 +58,7 @@ from caffe2jax.runtime.rl.rollout import RESET_MODES
 from caffe2jax.runtime.rl.update import UpdateSettings
 from caffe2jax.runtime.rl.update import from_proto as update_settings
 
+ALE_ROLLOUTS = ("program", "steps")  # ale_program.AleProgram, ale_loop.AleLoop
 UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
 # Gymnasium's reward_threshold of the same environments
 GYMNAX_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
@@ -94,6 +97,7 @@ class RLConfig:
     preprocess: bool = True
     overlap: bool = True
     env_threads: int = 0
+    ale_rollout: str = "steps"  # "program": emulators stepped inside the compiled rollout
     update: UpdateSettings = UpdateSettings()  # PG, TRPO or PPO (:mod:`.update`)
 
     @property
@@ -151,6 +155,7 @@ def _atari(rl: Any) -> dict[str, Any]:
         "preprocess": rl.preprocess,
         "overlap": rl.overlap,
         "env_threads": rl.env_threads,
+        "ale_rollout": rl.ale_rollout,
     }
 
 
@@ -290,6 +295,11 @@ def _check_ale(config: RLConfig) -> None:
         )
     if config.frameskip is not None and config.frameskip < 1:
         raise RLError(f"rl_param frameskip must be >= 1, got {config.frameskip}")
+    if config.ale_rollout not in ALE_ROLLOUTS:
+        raise RLError(
+            f"rl_param ale_rollout must be one of {', '.join(map(repr, ALE_ROLLOUTS))}, "
+            f"got {config.ale_rollout!r}"
+        )
     sticky = config.repeat_action_probability
     if sticky is not None and not 0 <= sticky <= 1:
         raise RLError(f"rl_param repeat_action_probability must lie in [0, 1], got {sticky}")

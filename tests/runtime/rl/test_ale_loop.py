@@ -116,7 +116,7 @@ def test_the_update_from_packed_inputs_equals_the_float_one(trainer):
 
 def test_trajectory_buckets_pad_at_most_a_quarter():
     for steps in (1, 64, 65, 300, 513, 900, 1025, 5000):
-        size = ale_loop._bucket(steps)
+        size = ale_loop.bucket(steps)
         assert size >= steps and size % 64 == 0 and (steps <= 256 or size <= 1.25 * steps)
 
 

@@ -166,3 +166,21 @@ def test_pong_ppo_resumes_exactly(tmp_path):
     assert rest.returns == whole.returns and rest.steps == whole.steps
     for a, b in zip(_arrays(whole.state), _arrays(rest.state)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_pong_in_program_resumes_exactly(tmp_path):
+    """``ale_rollout: "program"`` (the emulators stepped inside the compiled rollout, chunks
+    of 16 agent steps crossing the 30-step horizon) on 2 emulators, 2 episodes a batch:
+    snapshotted after one batch and resumed, the run plays the same episodes and ends with the
+    params, RMSProp history, iter and PRNG key of the uninterrupted run."""
+    options = {"batch_size": 2, "num_envs": 2, "horizon": 30, "rollout_chunk": 16}
+    solver = EXAMPLES / "pong_karpathy_solver.prototxt"
+    t = PolicyGradientTrainer(solver, seed=6, ale_rollout="program", **options)
+    whole = t.run(episodes=4)
+    part = t.run(episodes=2)
+    write_snapshot(t, part, str(tmp_path / "p"))
+    resumed = read_snapshot(t, tmp_path / "p_iter_1.solverstate")
+    rest = t.run(episodes=4, resume=resumed)
+    assert rest.returns == whole.returns and rest.steps == whole.steps == 120
+    for a, b in zip(_arrays(whole.state), _arrays(rest.state)):
+        np.testing.assert_array_equal(a, b)
