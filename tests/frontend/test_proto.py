@@ -412,12 +412,14 @@ def test_rl_param_field_numbers():
         "preprocess",
         "overlap",
         "env_threads",
+        # 27: how Atari batches are played (runtime/rl/ale_program.py)
+        "ale_rollout",
         # 40: caffe2jax's update rule (TRPO, PPO, multi-step; runtime/rl/update.py)
         "update",
     ]
     fields = caffe_pb2.RLParameter.DESCRIPTOR.fields
     assert [f.name for f in sorted(fields, key=lambda f: f.number)] == names
-    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == [*range(1, 27), 40]
+    assert [f.number for f in sorted(fields, key=lambda f: f.number)] == [*range(1, 28), 40]
     assert _field("MemoryLossParameter", "normalize_by_length").number == 1
 
 
