@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests.lowering.nets import apply, grads, one_layer
 
@@ -47,6 +48,35 @@ def test_batchnorm_running_stats_over_three_train_steps():
     np.testing.assert_allclose(blobs["y"], want, rtol=1e-4, atol=1e-5)
     for ours, theirs in zip(after["layer"], state["layer"]):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def caffe_batchnorm_train(x, dy, eps):
+    """BatchNormLayer's TRAIN Forward_cpu and Backward_cpu in float64 over (N, C, spatial):
+    y = (x − μ)/√(σ² + eps), dx = (dy − mean(dy) − y·mean(dy·y)) / √(σ² + eps)."""
+    x3 = x.reshape(x.shape[0], x.shape[1], -1).astype(np.float64)
+    d3 = dy.reshape(x3.shape).astype(np.float64)
+    mu, var = x3.mean(axis=(0, 2), keepdims=True), x3.var(axis=(0, 2), keepdims=True)
+    y = (x3 - mu) / np.sqrt(var + eps)
+    mean_dy, mean_dyy = (
+        d3.mean(axis=(0, 2), keepdims=True),
+        (d3 * y).mean(axis=(0, 2), keepdims=True),
+    )
+    dx = (d3 - mean_dy - y * mean_dyy) / np.sqrt(var + eps)
+    return y.reshape(x.shape), dx.reshape(x.shape)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (5, 3, 1, 1), (2, 3, 4, 5)])
+def test_batchnorm_train_top_and_bottom_diff_jitted(shape):
+    """Under jax.jit of the vjp: a bottom with no spatial axes (after an InnerProduct: the
+    (N, C) view of lowering/layers/normalization.py ``_view``) and one with them."""
+    body = '  type: "BatchNorm"\n  bottom: "x"\n  top: "y"\n  batch_norm_param { eps: 0.01 }'
+    model = one_layer(body, {"x": shape}, phase="TRAIN")
+    x = RNG.normal(loc=2.0, size=shape).astype(np.float32)
+    dy = RNG.normal(size=shape).astype(np.float32)
+    y, g = grads(model, {"x": x}, "y", jnp.asarray(dy))
+    want_y, want_dx = caffe_batchnorm_train(x, dy, 0.01)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g["x"], want_dx, rtol=1e-4, atol=1e-5)
 
 
 def test_batchnorm_global_stats_with_zero_factor_uses_zero_mean_and_var():
