@@ -28,7 +28,7 @@ import numpy as np
 
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_class import instance_of, user_errors
+from caffe2jax.lowering.python_class import in_pass, instance_of, user_errors
 from caffe2jax.lowering.python_layer import python_layers as choose_python_layers
 from caffe2jax.pycaffe import batches, programs
 from caffe2jax.pycaffe.blob import Blob
@@ -361,7 +361,8 @@ class Net:
         """Make the blobs show one training pass (:class:`caffe2jax.runtime.train.state.Pass`):
         its inputs and ``outputs`` (which the step returned) as they are; other blobs' data
         from a forward, and diffs from a backward, computed only when first read."""
-        model = self._runner.model = self._net.member(record.inputs)
+        with in_pass(record.index):  # the pass's Python-layer top shapes pick its model
+            model = self._runner.model = self._net.member(record.inputs)
         weights = self._structure.loss_weights
 
         def seed(name: str) -> Any:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from caffe2jax.lowering import ranges
 from caffe2jax.lowering.model import Model
-from caffe2jax.lowering.python_blobs import retrace, settle
+from caffe2jax.lowering.python_blobs import in_pass, retrace, settle
 from caffe2jax.runtime.host import startup_cache
 
 EVERY_BLOB = None  # ``returned`` for a forward that returns every blob version
@@ -93,7 +93,8 @@ def pass_values(model: Model, record: Any, outputs: Mapping[str, Any],
         if "out" not in cache:
             run = replay(model, 0, hi, keep_host=True)
             args = (record.params, record.state, env(), record.rng)
-            cache["out"] = retrace(lambda: settle(model.net, run(*args)[0]), again=True)
+            with in_pass(record.index):  # its Python layers' tops as that pass shaped them
+                cache["out"] = retrace(lambda: settle(model.net, run(*args)[0]), again=True)
         return cache["out"][version]
 
     def diff(name: str) -> Any:
@@ -101,7 +102,8 @@ def pass_values(model: Model, record: Any, outputs: Mapping[str, Any],
         if "diffs" not in cache:
             seeds = {n: seed_diffs(n) for _, n in plan_.seeds}
             args = (record.params, record.state, env(), record.rng, seeds)
-            cache["diffs"] = retrace(lambda: settle(model.net, fn(*args)[0]), again=True)
+            with in_pass(record.index):
+                cache["diffs"] = retrace(lambda: settle(model.net, fn(*args)[0]), again=True)
         return cache["diffs"][name]
 
     return data, diff
