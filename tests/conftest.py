@@ -29,3 +29,15 @@ def pytest_configure(config):
     explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
     if getattr(config.option, "dist", None) == "load" and not explicit:
         config.option.dist = "worksteal"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``heavy`` (minutes each on 2 cores: longer than the CI budget allows) run
+    only when asked for (``pytest -m heavy``); otherwise they are deselected, and pytest's
+    summary line counts them ("N deselected")."""
+    if "heavy" in (config.getoption("markexpr") or ""):
+        return
+    heavy = [item for item in items if item.get_closest_marker("heavy")]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("heavy")]

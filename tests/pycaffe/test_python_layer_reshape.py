@@ -276,11 +276,14 @@ def test_iter_size_passes_train_each_at_its_own_count(layers, tmp_path):
     (tmp_path / "solver.prototxt").write_text(solver_text(tmp_path / "net.prototxt", iter_size=2))
     solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
     start = params_of(solver.net)
-    lasts = []
+    lasts, shown = [], []
     for _ in range(4):
         solver.step(1)
         lasts.append(float(solver.net.blobs["loss"].data))  # the last pass's, as in Caffe
+        # a blob the step did not return: computed from the last pass, at that pass's count
+        shown.append(solver.net.blobs["pooled"].data.shape[0])
     counts = pass_counts(layers, 8)
+    assert shown == counts[1::2], (shown, counts)
     assert all(a != b for a, b in zip(counts[::2], counts[1::2])), counts  # the passes differ
     assert layers.forwards == counts  # one forward of the layer per pass, none run twice
     _, want, end = iter_size_trajectory(layers, start, 4)

@@ -173,7 +173,7 @@ BLOBS = ("rpn_cls_score_reshape", "rpn_labels", "rpn_bbox_pred", "rpn_bbox_targe
 # -- pycaffe and the CLI --------------------------------------------------------------------
 
 
-@pytest.mark.slow  # ~8 min on 2 loaded cores: each new top shape recompiles the step (see report)
+@pytest.mark.heavy  # ~8.5 min on 2 cores: each new Python-layer top shape recompiles the step
 def test_solver_step_and_cli_train_run_the_users_rfcn_layers(tmp_path, checkout, monkeypatch):
     """Two ``solver.step(1)`` at iter_size 2 (four passes, each its own image and roi count):
     each step's last pass gives the numpy losses at rtol 1e-5 and the layers after the user's
