@@ -14,6 +14,7 @@ import pytest
 
 import caffe2jax
 from caffe2jax.frontend.errors import NetError
+from caffe2jax.lowering import registry
 from tests.cli_runner import run_cli
 from tests.golden import ROOT
 
@@ -43,7 +44,17 @@ def _auto_crop_loop(x, ref_shape, crop_h, crop_w):
     return top
 
 
-def test_auto_crop_matches_the_fork_jitted_and_in_value_and_grad():
+@pytest.fixture
+def builtin_auto_crop():
+    """The built-in AutoCrop put back after the test: the user's registration replaces it for
+    the whole process, and later tests in the same worker (tests/lowering/forks/test_rcf.py)
+    lower the built-in one."""
+    builtin = registry.lowering_of("AutoCrop")
+    yield
+    registry.unregister("AutoCrop", "", restore=builtin)
+
+
+def test_auto_crop_matches_the_fork_jitted_and_in_value_and_grad(builtin_auto_crop):
     with pytest.warns(UserWarning, match="'AutoCrop' is built into caffe2jax"):
         _register_example()  # the user's AutoCrop replaces the built-in one
     model = caffe2jax.compile(EXAMPLE / "rcf_side_output.prototxt", phase="TRAIN",
@@ -66,7 +77,7 @@ def test_auto_crop_matches_the_fork_jitted_and_in_value_and_grad():
     assert tuple(crop.param.crop_param.offset) == (1, 1)
 
 
-def test_train_from_the_command_line(example):
+def test_train_from_the_command_line(example, builtin_auto_crop):
     proc = run_cli("train", "--solver", "solver.prototxt", "--dialect", "rcf.proto",
                    "--layers", "rcf_layers.py", "--progress", "log", cwd=example)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +37,7 @@ def _log(stderr: str, name: str) -> list[tuple[int, float]]:
     return found
 
 
+@pytest.mark.heavy  # minutes on 2 cores: outside the 30-minute CI budget (pytest -m heavy)
 def test_crnn_learns_digit_lines_and_resumes_exactly(tmp_path):
     made = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "crnn" / "make_textlines.py"), str(tmp_path),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from examples.detection.rfcn_train import prepare
 from tests.cli.test_frcnn_train import _losses, _weights
@@ -24,6 +25,7 @@ def _train(solver, cwd, *extra) -> str:
     return done.stderr
 
 
+@pytest.mark.heavy  # minutes on 2 cores: outside the 30-minute CI budget (pytest -m heavy)
 def test_rfcn_train_prototxt_trains_and_resumes_exactly(tmp_path):
     solver = prepare(tmp_path, SIZE, 8, ITERS, ITERS // 2)
     # base_lr 0.005 instead of the recipe's 0.001: 12 iterations must show the loss fall

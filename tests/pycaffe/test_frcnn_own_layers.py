@@ -23,6 +23,8 @@ import caffe2jax as caffe
 from examples.detection.synthetic_boxes import make_image
 from tests.cli_runner import run_cli
 
+pytestmark = pytest.mark.heavy  # about 4 minutes on 2 cores (pytest -m heavy)
+
 SHARED = Path("/work/shared") if Path("/work/shared").exists() else Path("../shared")
 TRAIN_NET = SHARED / "forks/models/faster_rcnn_vgg16_train.prototxt"
 USER = Path(__file__).parent / "frcnn_user"

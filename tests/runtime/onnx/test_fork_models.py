@@ -164,6 +164,7 @@ def test_fork_net_at_batch_1(net):
     _check(model, proto, ours, inputs, outputs)
 
 
+@pytest.mark.heavy  # minutes on 2 cores: outside the 30-minute CI budget (pytest -m heavy)
 @pytest.mark.parametrize("net", BATCH_4 + [n for n in CASES if not CASES[n].dynamic],
                          indirect=True)  # fmt: skip
 def test_fork_net_at_batch_4(net):

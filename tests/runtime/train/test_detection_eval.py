@@ -144,6 +144,7 @@ NET = (
 )  # fmt: skip
 
 
+@pytest.mark.heavy  # minutes on 2 cores: outside the 30-minute CI budget (pytest -m heavy)
 def test_a_tiny_ssd_learns_and_reports_detection_eval(caplog):
     solver = caffe2jax.get_solver(
         f'net_param {{ {NET} }} type: "Adam" base_lr: 0.003 momentum: 0.9 '

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.cli_runner import run_cli
 
@@ -59,6 +60,7 @@ def _latest_snapshot(work: Path) -> Path | None:
     return states[-1] if states else None
 
 
+@pytest.mark.heavy  # minutes on 2 cores: outside the 30-minute CI budget (pytest -m heavy)
 def test_kill_9_at_ten_points_resumes_byte_identically(tmp_path):
     reference = _workdir(tmp_path / "reference")
     done = run_cli("train", "--solver", "lenet_solver.prototxt", "--progress", "log",
