@@ -97,11 +97,39 @@ _BUILTIN: dict[tuple[str, str, str], Callable] = {}
 _BUILTIN_DATA: dict[tuple[str, str, str], str] = {}
 
 
-def register_builtin_python_layer(module: str, layer: str, fn: Callable, *,
-                                  form: str = "") -> None:  # fmt: skip
+#: What a built-in does to the weights a trainer snapshots: (module, layer, form) -> ``fn(params)
+#: -> params`` (host arrays by layer name), e.g. py-R-FCN's train.py un-normalising the box
+#: regressors whose targets its layers normalised (lowering/forks/rfcn.py).
+_SNAPSHOT: dict[tuple[str, str, str], Callable] = {}
+
+
+def register_builtin_python_layer(module: str, layer: str, fn: Callable, *, form: str = "",
+                                  snapshot: Callable | None = None) -> None:  # fmt: skip
     """Make ``fn`` caffe2jax's own implementation of the fork Python layer ``module.layer``
-    (in ``form``: a fork whose layer of that name differs, frontend/forks/forms.py)."""
+    (in ``form``: a fork whose layer of that name differs, frontend/forks/forms.py);
+    ``snapshot``: what the fork's trainer does to the weights it snapshots when this layer is
+    in the net (:func:`snapshot_weights`)."""
     _BUILTIN[(module, layer, form)] = fn
+    if snapshot is not None:
+        _SNAPSHOT[(module, layer, form)] = snapshot
+
+
+def snapshot_weights(net: ir.Net, params: dict) -> dict:
+    """``params`` as the fork's own trainer writes them to a snapshot: each built-in of
+    ``net`` that runs (:func:`builtin`) and registered a ``snapshot`` step applies it once
+    (py-R-FCN's train.py: the RPN and R-FCN box regressors un-normalised). Entries no step
+    changes are ``params``' own objects; with no such built-in, ``params`` itself."""
+    steps = []
+    for layer in net.layers:
+        if layer.type != "Python" or registered(layer) is not None or builtin(layer) is None:
+            continue
+        p = layer.param.python_param
+        step = _SNAPSHOT.get((p.module, p.layer, layer.form))
+        if step is not None and step not in steps:
+            steps.append(step)
+    for step in steps:
+        params = step(params)
+    return params
 
 
 def register_builtin_python_data_layer(module: str, layer: str, type_name: str) -> None:

@@ -40,9 +40,10 @@ Interp             ``blob_size``  soeaver's caffe-priv (FPN): ``use_blob_size`` 
 Pooling            ``darknet2caffe``  darknet2caffe's Caffe: one more output row and column
                                   when (kernel - stride) is odd (yolov3-tiny's 2x2/1 pools)
 Python             ``rfcn``       py-R-FCN's ``rpn.proposal_layer`` / ``rpn.proposal_target_
-                                  layer`` (same module names as py-faster-rcnn's; its
-                                  rfcn_end2end_ohem.yml config, 4-D class-agnostic targets of
-                                  every proposal): a net of the R-FCN dialect (PSROIPooling,
+                                  layer`` / ``rpn.anchor_target_layer`` (same module names as
+                                  py-faster-rcnn's; its rfcn_end2end_ohem.yml config, RPN
+                                  targets normalised, 4-D class-agnostic targets of every
+                                  proposal): a net of the R-FCN dialect (PSROIPooling,
                                   OHEM layers) without Faster R-CNN's
 Normalize          ``happynear``  happynear's (AM-Softmax): ``normalize_param``, or neither
                                   field in a net of the happynear dialect without SSD's;
@@ -182,7 +183,7 @@ def _pooling(param: Param, dialect: Dialect) -> str:
 
 
 #: Python layer modules whose py-R-FCN version differs from py-faster-rcnn's.
-RFCN_MODULES = ("rpn.proposal_layer", "rpn.proposal_target_layer")
+RFCN_MODULES = ("rpn.proposal_layer", "rpn.proposal_target_layer", "rpn.anchor_target_layer")
 
 
 def _python(param: Param, dialect: Dialect) -> str:

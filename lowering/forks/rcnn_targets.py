@@ -53,6 +53,9 @@ ANCHOR_CFG = {
     "RPN_BATCHSIZE": 256,
     "RPN_BBOX_INSIDE_WEIGHTS": (1.0, 1.0, 1.0, 1.0),
     "RPN_POSITIVE_WEIGHT": -1.0,
+    "RPN_NORMALIZE_TARGETS": False,
+    "RPN_NORMALIZE_MEANS": (0.0, 0.0, 0.0, 0.0),
+    "RPN_NORMALIZE_STDS": (0.1, 0.1, 0.2, 0.2),
 }
 
 #: cfg.TRAIN with faster_rcnn_end2end.yml for the proposal target layer.
@@ -126,9 +129,21 @@ def _anchor_settings(layer: ir.Layer) -> tuple[float, np.ndarray, float]:
     return float(params["feat_stride"]), anchors, float(params.get("allowed_border", 0))
 
 
-def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
-    """The built-in ``rpn.anchor_target_layer.AnchorTargetLayer`` (module docstring): tops
-    labels (1, 1, A·H, W), bbox_targets, inside and outside weights (1, 4A, H, W)."""
+def anchor_targets(anchors, gt, cfg=ANCHOR_CFG):
+    """``bbox_transform`` of each anchor to its gt box; with ``RPN_NORMALIZE_TARGETS``
+    (py-R-FCN's rfcn_end2end_ohem.yml) (targets − ``RPN_NORMALIZE_MEANS``) /
+    ``RPN_NORMALIZE_STDS``, as py-R-FCN's anchor_target_layer.py ``_compute_targets``."""
+    targets = bbox_transform(anchors, gt)
+    if not cfg["RPN_NORMALIZE_TARGETS"]:
+        return targets
+    means = jnp.asarray(cfg["RPN_NORMALIZE_MEANS"], targets.dtype)
+    return (targets - means) / jnp.asarray(cfg["RPN_NORMALIZE_STDS"], targets.dtype)
+
+
+def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=ANCHOR_CFG):
+    """The built-in ``rpn.anchor_target_layer.AnchorTargetLayer`` (module docstring) with the
+    fork's ``cfg``: tops labels (1, 1, A·H, W), bbox_targets, inside and outside weights
+    (1, 4A, H, W)."""
     if len(bottoms) < 3 or len(layer.tops) != 4:
         got = f"got {len(bottoms)} and {len(layer.tops)}"
         raise fail(layer, "AnchorTargetLayer takes bottoms (rpn_cls_score, gt_boxes, im_info"
@@ -147,10 +162,10 @@ def anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
         & (anchors[:, 2] < info[1] + border) & (anchors[:, 3] < info[0] + border)
     )  # fmt: skip
     overlaps = iou(anchors, gt, RCNN)
-    labels = anchor_labels(overlaps, inside, valid, ctx.key())
+    labels = anchor_labels(overlaps, inside, valid, ctx.key(), cfg)
     assign = jnp.argmax(jnp.where(valid[None, :], overlaps, -1.0), axis=1)
-    targets = jnp.where(inside[:, None], bbox_transform(anchors, gt[assign]), 0.0)
-    w_in, w_out = anchor_weights(labels)
+    targets = jnp.where(inside[:, None], anchor_targets(anchors, gt[assign], cfg), 0.0)
+    w_in, w_out = anchor_weights(labels, cfg)
 
     def spatial(x, c):  # (H·W·A, c) -> (1, A·c, H, W)
         return x.reshape(1, height, width, a * c).transpose(0, 3, 1, 2)

@@ -31,14 +31,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.boxes.coders import bbox_transform
 from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.forks.rcnn_proposal import proposal_layer
 from caffe2jax.lowering.forks.rcnn_targets import (
+    ANCHOR_CFG,
     PROPOSAL_CFG,
+    anchor_target_layer,
     gt_rows,
     num_classes,
     rois_valid,
@@ -92,20 +96,87 @@ def rfcn_proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=RFCN_C
     return [lax.stop_gradient(x.reshape(n, -1, 1, 1).astype(ctx.dtype)) for x in tops]
 
 
-register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer",
-                              rfcn_proposal_target_layer, form="rfcn")  # fmt: skip
-
-
 #: py-faster-rcnn's ProposalLayer config by phase run with py-R-FCN's rfcn_end2end_ohem.yml
 #: (RPN_PRE/POST_NMS_TOP_N 6000 / 300 in TRAIN): pre-NMS top N, post-NMS top N, NMS
 #: threshold, min size.
 RFCN_CONFIG = {ir.TEST: (6000, 300, 0.7, 16), ir.TRAIN: (6000, 300, 0.7, 16)}
 
+#: cfg.TRAIN with rfcn_end2end_ohem.yml for the anchor target layer: ``RPN_NORMALIZE_TARGETS``
+#: True (py-faster-rcnn's default False), means 0 and stds (0.1, 0.1, 0.2, 0.2) by default.
+RFCN_ANCHOR_CFG = dict(ANCHOR_CFG, RPN_NORMALIZE_TARGETS=True)
+
+
+def rfcn_anchor_target_layer(layer: ir.Layer, params, bottoms, ctx):
+    """py-R-FCN's AnchorTargetLayer: py-faster-rcnn's with its targets normalised
+    ((t − means) / stds, :data:`RFCN_ANCHOR_CFG`)."""
+    return anchor_target_layer(layer, params, bottoms, ctx, cfg=RFCN_ANCHOR_CFG)
+
+
+def rpn_unnormalized(deltas: jax.Array, cfg=RFCN_ANCHOR_CFG) -> jax.Array:
+    """rpn_bbox_pred (1, 4A, H, W) × stds + means, channel c the coordinate c mod 4 (py-R-FCN's
+    proposal_layer.py in TRAIN with RPN_NORMALIZE_TARGETS, on the (K·A, 4) deltas; here in the
+    net's dtype, there float32 × float64 rounded to float32: within 1 ulp)."""
+    c = deltas.shape[1]
+    if c % 4:
+        return deltas  # proposal_layer names the channel count it needs
+    stds = np.tile(cfg["RPN_NORMALIZE_STDS"], c // 4).reshape(1, c, 1, 1)
+    means = np.tile(cfg["RPN_NORMALIZE_MEANS"], c // 4).reshape(1, c, 1, 1)
+    return deltas * jnp.asarray(stds, deltas.dtype) + jnp.asarray(means, deltas.dtype)
+
 
 def rfcn_proposal_layer(layer: ir.Layer, params, bottoms, ctx):
-    """py-R-FCN's ProposalLayer: py-faster-rcnn's with :data:`RFCN_CONFIG`."""
+    """py-R-FCN's ProposalLayer: py-faster-rcnn's with :data:`RFCN_CONFIG`; in TRAIN (the
+    phase's config key 'TRAIN', as py-R-FCN reads ``self.phase``) the deltas un-normalised
+    first, since the RPN learned normalised targets (:func:`rpn_unnormalized`)."""
+    if ctx.phase == ir.TRAIN and RFCN_ANCHOR_CFG["RPN_NORMALIZE_TARGETS"] and len(bottoms) > 1:
+        bottoms = [bottoms[0], rpn_unnormalized(bottoms[1]), *bottoms[2:]]
     return proposal_layer(layer, params, bottoms, ctx, config=RFCN_CONFIG)
+
+
+def _unnormalized(params: dict, name: str, stds: np.ndarray, means: np.ndarray) -> dict:
+    """``params`` with layer ``name``'s weights × stds (per output) and bias × stds + means,
+    in float64 rounded to the blob's dtype, as numpy does in py-R-FCN's train.py."""
+    blobs = [np.asarray(b) for b in params[name]]
+    if blobs[0].shape[0] != len(stds):
+        raise NetError(f"layer '{name}': {blobs[0].shape[0]} outputs, but py-R-FCN's "
+                       f"snapshot un-normalises {len(stds)} (a multiple of its 4 box "
+                       "coordinates)")  # fmt: skip
+    shape = (-1,) + (1,) * (blobs[0].ndim - 1)
+    out = [(blobs[0].astype(np.float64) * stds.reshape(shape)).astype(blobs[0].dtype)]
+    out += [(b.astype(np.float64) * stds + means).astype(b.dtype) for b in blobs[1:2]]
+    return {**params, name: out + blobs[2:]}
+
+
+def rpn_snapshot(params: dict, cfg=RFCN_ANCHOR_CFG) -> dict:
+    """py-R-FCN train.py's snapshot of ``rpn_bbox_pred`` (when the net has it): stds and
+    means tiled over its A anchors (output c: coordinate c mod 4)."""
+    if "rpn_bbox_pred" not in params:
+        return params
+    n = np.asarray(params["rpn_bbox_pred"][0]).shape[0]
+    reps = max(n // 4, 1)
+    stds = np.tile(np.asarray(cfg["RPN_NORMALIZE_STDS"], np.float64), reps)
+    means = np.tile(np.asarray(cfg["RPN_NORMALIZE_MEANS"], np.float64), reps)
+    return _unnormalized(params, "rpn_bbox_pred", stds, means)
+
+
+def rfcn_bbox_snapshot(params: dict, cfg=RFCN_CFG) -> dict:
+    """py-R-FCN train.py's snapshot of ``rfcn_bbox`` (when the net has it): the 2 agnostic
+    classes' 8 stds and means, each repeated over the position-sensitive maps (output c:
+    value c // (n / 8), numpy's ``repeat``)."""
+    if "rfcn_bbox" not in params:
+        return params
+    n = np.asarray(params["rfcn_bbox"][0]).shape[0]
+    reps = max(n // 8, 1)
+    stds = np.repeat(np.tile(np.asarray(cfg["BBOX_NORMALIZE_STDS"], np.float64), 2), reps)
+    means = np.repeat(np.tile(np.asarray(cfg["BBOX_NORMALIZE_MEANS"], np.float64), 2), reps)
+    return _unnormalized(params, "rfcn_bbox", stds, means)
 
 
 register_builtin_python_layer("rpn.proposal_layer", "ProposalLayer", rfcn_proposal_layer,
                               form="rfcn")  # fmt: skip
+register_builtin_python_layer("rpn.anchor_target_layer", "AnchorTargetLayer",
+                              rfcn_anchor_target_layer, form="rfcn",
+                              snapshot=rpn_snapshot)  # fmt: skip
+register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer",
+                              rfcn_proposal_target_layer, form="rfcn",
+                              snapshot=rfcn_bbox_snapshot)  # fmt: skip

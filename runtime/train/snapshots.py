@@ -2,7 +2,13 @@
 SolverLoop`, through the one snapshot record of :mod:`caffe2jax.runtime.formats.snapshot`:
 beyond Caffe's files it keeps the run's seed (every step's PRNG key derives from it and the
 iteration), each test net's key and where every data layer of the train and test nets
-stands."""
+stands.
+
+A train net running a fork's built-in Python layer that registered a snapshot step writes its
+weights as that fork's trainer does (py-R-FCN's train.py: ``rpn_bbox_pred`` and ``rfcn_bbox``
+un-normalised, :func:`~caffe2jax.lowering.python_layer.snapshot_weights`), so the
+.caffemodel tests as the fork's does; the blobs as trained go into the resume record
+(``params/<layer>/<i>``), from which a restore takes them back exactly."""
 
 from __future__ import annotations
 
@@ -11,9 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from caffe2jax.frontend import caffe_pb2
 from caffe2jax.frontend.errors import SolverError
+from caffe2jax.lowering.python_layer import snapshot_weights
 from caffe2jax.runtime.formats.snapshot import (
     ResumeRecord,
     read_snapshot,
@@ -42,16 +51,44 @@ def snapshot(loop: SolverLoop) -> tuple[Path, Path] | None:
         raise SolverError("snapshot_prefix is not set; cannot write a snapshot")
     record = resume_record(loop)
     model, ts = loop.train.model, loop.ts
+    params = snapshot_weights(model.net, ts.params)
+    record.arrays.update(_trained(ts.params, params))
     history = solvers.history_blobs(ts.opt_state, learnable_order(model))
     step = int(solvers.solver_state(ts.opt_state).current_step)
     return write_snapshot(
         p.snapshot_prefix,
         SolverStateFile(loop.iter, "", step, history),
         p.snapshot_format == caffe_pb2.SolverParameter.HDF5,
-        lambda path, fmt: save_weights(path, model, ts.params, ts.state, format=fmt),
+        lambda path, fmt: save_weights(path, model, params, ts.state, format=fmt),
         record,
         loop.log.info,
     )
+
+
+PARAMS = "params/"  # the resume record's arrays of blobs as trained
+
+
+def _trained(params: dict, written: dict) -> dict:
+    """The blobs as trained of each layer whose snapshot weights differ (record arrays)."""
+    return {f"{PARAMS}{name}/{i}": np.asarray(blob)
+            for name in params if written[name] is not params[name]
+            for i, blob in enumerate(params[name]) if blob is not None}  # fmt: skip
+
+
+def _as_trained(params: dict, record: ResumeRecord | None, path) -> dict:
+    """``params`` with the blobs as trained that ``record`` keeps (none: ``params``)."""
+    out = dict(params)
+    for key, array in (record.arrays if record is not None else {}).items():
+        if not key.startswith(PARAMS):
+            continue
+        name, i = key[len(PARAMS) :].rsplit("/", 1)
+        blobs = list(out.get(name, ()))
+        if int(i) >= len(blobs) or blobs[int(i)] is None or blobs[int(i)].shape != array.shape:
+            raise SolverError(f"{resume_path(path)}: its blob {name}/{i} {list(array.shape)} "
+                              "is not one of this net's")  # fmt: skip
+        blobs[int(i)] = jnp.asarray(array, blobs[int(i)].dtype)
+        out[name] = blobs
+    return out
 
 
 def resume_record(loop: SolverLoop) -> ResumeRecord:
@@ -74,6 +111,7 @@ def restore(loop: SolverLoop, path: str | os.PathLike) -> None:
     model = loop.train.model
     if saved.weights is not None:
         params, state = load_weights(saved.weights, model, params, state)
+        params = _as_trained(params, saved.record, path)
     s = saved.state
     try:
         opt_state = loop.trainer.own_buffers(solvers.state_from_history(
