@@ -29,9 +29,11 @@ the Scale layers — BatchNorm statistics measured on synthetic images as an Ima
 the backbone (up to res5c) with batch statistics on 16 images, one forward, whose BatchNorm blobs
 then hold those statistics (Caffe's moving average from 0). Evaluation: the test net is derived as
 py-R-FCN's test_agonistic.prototxt is written (frcnn_eval.py, R-FCN's train-only layers
-dropped), the snapshot's ``rfcn_bbox`` un-normalised as py-R-FCN's train.py does at a snapshot
-(weights × stds repeated 7² times per output, bias × stds + means), box deltas class-agnostic (slot
-1 for every class, as test.py with TEST.AGONISTIC).
+dropped) and loads the snapshot as it is: caffe2jax's snapshot of a net running the built-in
+py-R-FCN layers is already un-normalised as py-R-FCN's train.py writes it (``rpn_bbox_pred``:
+weights × stds tiled over the anchors; ``rfcn_bbox``: × stds repeated 7² times per output;
+bias × stds + means; runtime/train/snapshots.py), box deltas class-agnostic (slot 1 for every
+class, as test.py with TEST.AGONISTIC).
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ from examples.detection.frcnn_train import prepare_work, rewrite_data, train_and
 MODEL = ROOT.parent / "shared" / "forks" / "models" / "rfcn_resnet50_voc_train_ohem.prototxt"
 CLASSES = 4
 GROUP = 7
-STDS = np.array([0.1, 0.1, 0.2, 0.2], np.float32)
 TRAIN_ONLY = ("rpn-data", "rpn_loss_cls", "rpn_loss_bbox", "roi-data", "per_roi_loss_cls",
               "per_roi_loss_bbox", "per_roi_loss", "annotator_detector", "silence", "loss",
               "accuarcy", "loss_bbox")  # fmt: skip
@@ -128,13 +129,9 @@ def init_weights(net: Path, out: Path, size: int, batch: int = 16, seed: int = 7
     model.save(str(out))
 
 
-def unnormalize_rfcn(net) -> None:
-    """py-R-FCN train.py's snapshot step: ``rfcn_bbox`` back to raw deltas (stds of the two
-    agnostic classes, each repeated over the 7² position-sensitive maps)."""
-    w, b = net.params["rfcn_bbox"][0].data, net.params["rfcn_bbox"][1].data
-    stds = np.repeat(np.tile(STDS, 2), len(b) // 8)
-    w *= stds[:, None, None, None]
-    b *= stds
+def snapshot_as_written(net) -> None:
+    """Nothing to un-normalise: the snapshot is py-R-FCN's train.py's already (module
+    docstring)."""
 
 
 def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int, lr: float = 0.001,
@@ -160,7 +157,7 @@ def main() -> None:
     solver = prepare(args.work, args.size, args.count, args.iters, args.snapshot, args.lr,
                      args.stepsize)  # fmt: skip
     train_and_evaluate(args.work, solver, args.iters, args.size, "rfcn", train_only=TRAIN_ONLY,
-                       unnormalize=unnormalize_rfcn)  # fmt: skip
+                       unnormalize=snapshot_as_written)  # fmt: skip
 
 
 if __name__ == "__main__":

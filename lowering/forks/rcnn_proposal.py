@@ -22,7 +22,8 @@ lib/fast_rcnn/bbox_transform.py, config.py and nms/py_cpu_nms.py:
   (+1 areas, IoU ≤ threshold kept), ``RPN_POST_NMS_TOP_N`` kept. Config: TEST 6000 / 300 /
   0.7 / 16, TRAIN 12000 / 2000 / 0.7 / 16 (cfg.TEST / cfg.TRAIN). py-R-FCN's layer
   (form ``rfcn``, frontend/forks/forms.py) is the same code run with
-  experiments/cfgs/rfcn_end2end_ohem.yml, registered in lowering/forks/rfcn.py.
+  experiments/cfgs/rfcn_end2end_ohem.yml (its deltas un-normalised first in TRAIN),
+  registered in lowering/forks/rfcn.py.
 
 Tops: rois (R, 5) [0, x1, y1, x2, y2] and optionally scores (R, 1). py-faster-rcnn's R is the
 number kept; here R is the static ``RPN_POST_NMS_TOP_N`` (capped by the candidates there can

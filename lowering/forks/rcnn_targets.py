@@ -4,7 +4,8 @@ ProposalTargetLayer``.
 
 A net naming either in ``python_param`` runs this version unless the user registered a JAX function
 for it or their own module is importable from sys.path (then their class runs, as in Caffe;
-py-R-FCN's form of the proposal target layer is :mod:`~caffe2jax.lowering.forks.rfcn`).
+py-R-FCN's forms of both layers, its anchor targets normalised, are in
+:mod:`~caffe2jax.lowering.forks.rfcn`).
 Reproduced from py-faster-rcnn@781a917 lib/rpn/anchor_target_layer.py, proposal_target_layer.py
 and the end2end config (lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml):
 the thresholds, fractions and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the

@@ -1,6 +1,20 @@
 """py-R-FCN's Python layers as built-ins, in their form ``rfcn`` (frontend/forks/forms.py):
-``rpn.proposal_target_layer.ProposalTargetLayer`` and ``rpn.proposal_layer.ProposalLayer``
-(py-faster-rcnn's code, lowering/forks/rcnn_proposal.py, run with py-R-FCN's config).
+``rpn.proposal_target_layer.ProposalTargetLayer``, ``rpn.proposal_layer.ProposalLayer`` and
+``rpn.anchor_target_layer.AnchorTargetLayer`` (py-faster-rcnn's code, lowering/forks/
+rcnn_proposal.py and rcnn_targets.py, run with py-R-FCN's config).
+
+RPN target normalisation (YuwenXiong/py-R-FCN@290dba7; rfcn_end2end_ohem.yml sets
+``RPN_NORMALIZE_TARGETS: True``, means (0, 0, 0, 0), stds (0.1, 0.1, 0.2, 0.2) by config.py's
+defaults; rfcn_end2end.yml leaves it False, and the built-ins follow the OHEM config
+throughout): the anchor target layer's ``rpn_bbox_targets`` are (t − means) / stds; the
+proposal layer, in TRAIN only (config key ``'TRAIN' if self.phase == 0``), turns
+``rpn_bbox_pred`` back into raw deltas (× stds + means) before ``bbox_transform_inv``; and
+lib/fast_rcnn/train.py's snapshot writes ``rpn_bbox_pred`` (weights × stds tiled over the
+anchors, bias × stds + means) and ``rfcn_bbox`` (× the 2 agnostic classes' stds, each repeated
+over the position-sensitive maps) un-normalised, so the .caffemodel tests without
+normalisation. The snapshot steps are registered with the layers (:func:`rpn_snapshot`,
+:func:`rfcn_bbox_snapshot`) and applied by every solver snapshot of a train net running them
+(runtime/train/snapshots.py; the blobs as trained stay in the resume record).
 
 py-R-FCN (YuwenXiong/py-R-FCN lib/rpn/proposal_target_layer.py) ships a layer under the same
 module and class name as py-faster-rcnn's, run with experiments/cfgs/rfcn_end2end_ohem.yml.
