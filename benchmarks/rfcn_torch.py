@@ -80,14 +80,16 @@ def nms(boxes: torch.Tensor, thresh: float) -> np.ndarray:
 
 
 def proposals(prob: torch.Tensor, deltas: torch.Tensor, info: np.ndarray) -> torch.Tensor:
-    """py-R-FCN's ProposalLayer (TRAIN, rfcn_end2end_ohem.yml) → (R, 5) rois, no gradient."""
+    """py-R-FCN's ProposalLayer (TRAIN, rfcn_end2end_ohem.yml: deltas × RPN_NORMALIZE_STDS) → (R, 5)
+    rois, no gradient."""
     a = len(_anchors())
     h, w = prob.shape[-2:]
     sx, sy = np.meshgrid(np.arange(w) * 16, np.arange(h) * 16)
     shifts = np.stack([sx.ravel(), sy.ravel(), sx.ravel(), sy.ravel()], 1)
     anchors = torch.tensor((_anchors()[None] + shifts[:, None]).reshape(-1, 4), dtype=torch.float32)
     scores = prob[0, a:].permute(1, 2, 0).reshape(-1)
-    d = deltas[0].permute(1, 2, 0).reshape(-1, 4)
+    # rfcn_end2end_ohem.yml's RPN_NORMALIZE_TARGETS: TRAIN un-normalises the deltas (× stds)
+    d = deltas[0].permute(1, 2, 0).reshape(-1, 4) * torch.tensor(STDS, dtype=torch.float32)
     bw, bh = anchors[:, 2] - anchors[:, 0] + 1, anchors[:, 3] - anchors[:, 1] + 1
     cx, cy = anchors[:, 0] + 0.5 * bw, anchors[:, 1] + 0.5 * bh
     pcx, pcy = d[:, 0] * bw + cx, d[:, 1] * bh + cy
@@ -123,13 +125,15 @@ def _smooth_l1(d: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
 
 
 def rpn_losses(env: dict, gt: np.ndarray, size: int, rng) -> torch.Tensor:
-    """The RPN's SoftmaxWithLoss and SmoothL1Loss (σ 3) on the anchor targets."""
+    """The RPN's SoftmaxWithLoss and SmoothL1Loss (σ 3) on the anchor targets, normalised by
+    RPN_NORMALIZE_STDS as rfcn_end2end_ohem.yml sets."""
     score = env["rpn_cls_score"]
     a, (h, w) = score.shape[1] // 2, score.shape[-2:]
     sx, sy = np.meshgrid(np.arange(w) * 16, np.arange(h) * 16)
     shifts = np.stack([sx.ravel(), sy.ravel(), sx.ravel(), sy.ravel()], 1)
     labels, t, w_in, w_out = anchor_targets((_anchors()[None] + shifts[:, None]).reshape(-1, 4),
                                             gt, size, rng)  # fmt: skip
+    t = t / STDS  # RPN_NORMALIZE_TARGETS: (t − means) / stds, means 0
     spatial = lambda v, c: torch.tensor(v.reshape(h, w, a * c).transpose(2, 0, 1)[None],  # noqa: E731
                                         dtype=torch.float32)  # fmt: skip
     lab = spatial(labels, 1).reshape(1, a * h, w).long()
