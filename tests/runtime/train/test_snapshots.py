@@ -179,12 +179,17 @@ def test_frcnn_snapshot_unnormalises_bbox_pred_and_resumes_exactly(tmp_path):
 
 def test_frcnn_net_without_bbox_pred_snapshots_blobs_as_trained():
     """train.py finds the layer by its name only (``net.params.has_key('bbox_pred')``): a net
-    whose box regressor has another name is written as trained, as py-faster-rcnn writes it.
-    A ``bbox_pred`` of a width that is no multiple of 4 is refused, naming it."""
+    whose box regressor has another name is written as trained, as py-faster-rcnn writes it;
+    so is a net running the user's own layer (Caffe's snapshot). A ``bbox_pred`` of a width
+    that is no multiple of 4 is refused, naming it."""
     net = load_net(FRCNN.replace('"bbox_pred"', '"box_deltas"'), "TRAIN", dialect="frcnn")
     params = {"box_deltas": [np.ones((8, 6), np.float32), np.ones(8, np.float32)]}
     with python_layers("builtin"):
         assert snapshot_weights(net, params) is params
+    theirs = load_net(FRCNN, "TRAIN", dialect="frcnn")
+    params = {"bbox_pred": [np.ones((8, 6), np.float32), np.ones(8, np.float32)]}
+    with python_layers("user"):
+        assert snapshot_weights(theirs, params) is params
         with pytest.raises(NetError, match="'bbox_pred': 6 outputs.*py-faster-rcnn"):
             snapshot_weights(net, {"bbox_pred": [np.ones((6, 6), np.float32)]})
 
