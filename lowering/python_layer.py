@@ -98,8 +98,9 @@ _BUILTIN_DATA: dict[tuple[str, str, str], str] = {}
 
 
 #: What a built-in does to the weights a trainer snapshots: (module, layer, form) -> ``fn(params)
-#: -> params`` (host arrays by layer name), e.g. py-R-FCN's train.py un-normalising the box
-#: regressors whose targets its layers normalised (lowering/forks/rfcn.py).
+#: -> params`` (host arrays by layer name), e.g. py-faster-rcnn's and py-R-FCN's train.py
+#: un-normalising the box regressors whose targets their layers normalised
+#: (lowering/forks/rcnn_targets.py, rfcn.py).
 _SNAPSHOT: dict[tuple[str, str, str], Callable] = {}
 
 
@@ -117,7 +118,8 @@ def register_builtin_python_layer(module: str, layer: str, fn: Callable, *, form
 def snapshot_weights(net: ir.Net, params: dict) -> dict:
     """``params`` as the fork's own trainer writes them to a snapshot: each built-in of
     ``net`` that runs (:func:`builtin`) and registered a ``snapshot`` step applies it once
-    (py-R-FCN's train.py: the RPN and R-FCN box regressors un-normalised). Entries no step
+    (py-faster-rcnn's train.py: ``bbox_pred`` un-normalised; py-R-FCN's: the RPN and R-FCN
+    box regressors). Entries no step
     changes are ``params``' own objects; with no such built-in, ``params`` itself."""
     steps = []
     for layer in net.layers:

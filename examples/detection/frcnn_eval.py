@@ -7,9 +7,11 @@
 The test net is derived from the train prototxt as py-faster-rcnn's test.prototxt is written:
 the RoIDataLayer becomes an Input (data, im_info), the anchor target, proposal target and loss
 layers go, the proposal layer (TEST config: 6000 / 300 / 0.7 / 16) writes ``rois``, and a
-Softmax gives ``cls_prob``. The snapshot's ``bbox_pred`` is un-normalized first, as
-py-faster-rcnn's train.py does when it snapshots (weights · stds, bias · stds + means, stds
-(0.1, 0.1, 0.2, 0.2) per class). Detections are decoded as lib/fast_rcnn/test.py does
+Softmax gives ``cls_prob``. The snapshot is loaded as it is: caffe2jax's snapshot of a net
+running the built-in proposal target layer has ``bbox_pred`` already un-normalized, as
+py-faster-rcnn's train.py writes it (weights · stds, bias · stds + means, stds
+(0.1, 0.1, 0.2, 0.2) per class; lowering/forks/rcnn_targets.py ``bbox_pred_snapshot``);
+py-R-FCN's likewise (rfcn_train.py). Detections are decoded as lib/fast_rcnn/test.py does
 (caffe2jax.runtime.outputs.detections.from_rcnn: score > 0.05, per-class NMS 0.3, ≤ 100 per image)
 and scored with VOC's rules (caffe2jax.runtime.outputs.average_precision.class_ap: IoU ≥ 0.5
 with +1 pixel widths, each ground truth matched once, all-point interpolated AP as VOC2010+
@@ -32,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 from examples.detection.synthetic_boxes import make_image  # noqa: E402
 
 TRAIN_ONLY = ("rpn-data", "rpn_loss_cls", "rpn_loss_bbox", "roi-data", "loss_cls", "loss_bbox")
-STDS = np.array([0.1, 0.1, 0.2, 0.2], np.float32)
 
 
 def test_net_text(train_text: str, height: int, width: int, train_only=TRAIN_ONLY) -> str:
@@ -62,20 +63,12 @@ def test_net_text(train_text: str, height: int, width: int, train_only=TRAIN_ONL
     return text_format.MessageToString(out)
 
 
-def unnormalize(net) -> None:
-    """train.py's snapshot step on a pycaffe net: bbox_pred back to raw deltas."""
-    w, b = net.params["bbox_pred"][0].data, net.params["bbox_pred"][1].data
-    stds = np.tile(STDS, len(b) // 4)
-    w *= stds[:, None]
-    b *= stds
-
-
 def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 128,
-             seed: int = 1000, classes: int = 4, train_only=TRAIN_ONLY,
-             unnormalize=unnormalize) -> dict:  # fmt: skip
-    """mAP (all-point and 11-point) and per-class AP of ``weights`` on ``count`` held-out
-    synthetic images (``seed`` differs from the training set's); ``train_only`` and
-    ``unnormalize`` as for py-faster-rcnn unless given (rfcn_train.py: R-FCN's)."""
+             seed: int = 1000, classes: int = 4, train_only=TRAIN_ONLY) -> dict:  # fmt: skip
+    """mAP (all-point and 11-point) and per-class AP of the snapshot ``weights`` (its box
+    regressor un-normalized, module docstring) on ``count`` held-out synthetic images
+    (``seed`` differs from the training set's); ``train_only`` as for py-faster-rcnn unless
+    given (rfcn_train.py: R-FCN's)."""
     import caffe2jax as caffe
     from caffe2jax.runtime.data.readers.roi_data import PIXEL_MEANS
     from caffe2jax.runtime.outputs.average_precision import class_ap
@@ -85,7 +78,6 @@ def evaluate(train_prototxt: Path, weights: Path, count: int = 32, size: int = 1
     with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:
         f.write(text)
     net = caffe.Net(f.name, str(weights), caffe.TEST)
-    unnormalize(net)
     rng = np.random.default_rng(seed)
     truth, dets = [], {c: [] for c in range(1, classes)}
     for i in range(count):

@@ -23,7 +23,9 @@ conv1_1 … conv5_3, fc6 and fc7, whose prototxt has no fillers (see :func:`init
 ``--tiny`` trains examples/detection/frcnn_tiny_net.py's small net of the same layout instead (2000
 iterations take about a minute). ``--resume-check`` trains 4 iterations straight and 2 + 2
 resumed from the iteration-2 solverstate, and compares the final weights bit for bit. The
-evaluation is examples/detection/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5).
+evaluation is examples/detection/frcnn_eval.py's (held-out synthetic images, VOC AP at IoU 0.5)
+on the snapshots as written: their ``bbox_pred`` is un-normalized already, as py-faster-rcnn's
+train.py writes it (lowering/forks/rcnn_targets.py ``bbox_pred_snapshot``).
 """
 
 from __future__ import annotations

@@ -129,11 +129,6 @@ def init_weights(net: Path, out: Path, size: int, batch: int = 16, seed: int = 7
     model.save(str(out))
 
 
-def snapshot_as_written(net) -> None:
-    """Nothing to un-normalise: the snapshot is py-R-FCN's train.py's already (module
-    docstring)."""
-
-
 def prepare(work: Path, size: int, count: int, max_iter: int, snapshot: int, lr: float = 0.001,
             stepsize: int = 80000) -> Path:  # fmt: skip
     """Data set, rewritten train prototxt, solver and random init weights in ``work``."""
@@ -156,8 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     solver = prepare(args.work, args.size, args.count, args.iters, args.snapshot, args.lr,
                      args.stepsize)  # fmt: skip
-    train_and_evaluate(args.work, solver, args.iters, args.size, "rfcn", train_only=TRAIN_ONLY,
-                       unnormalize=snapshot_as_written)  # fmt: skip
+    train_and_evaluate(args.work, solver, args.iters, args.size, "rfcn", train_only=TRAIN_ONLY)
 
 
 if __name__ == "__main__":

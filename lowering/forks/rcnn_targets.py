@@ -9,9 +9,13 @@ py-R-FCN's forms of both layers, its anchor targets normalised, are in
 Reproduced from py-faster-rcnn@781a917 lib/rpn/anchor_target_layer.py, proposal_target_layer.py
 and the end2end config (lib/fast_rcnn/config.py with experiments/cfgs/faster_rcnn_end2end.yml):
 the thresholds, fractions and batch sizes in :data:`ANCHOR_CFG` and :data:`PROPOSAL_CFG` are the
-fork's. The anchor target layer's param_str: ``feat_stride``, ``allowed_border`` and the
-anchors' ``scales``, ``ratios`` and ``base_size`` (PVANet's and py-RFCN-priv's readings; see
-:func:`~caffe2jax.lowering.forks.rcnn_proposal.anchor_settings`).
+fork's: the proposal target layer normalises its targets by means (0, 0, 0, 0) and stds
+(0.1, 0.1, 0.2, 0.2) (``BBOX_NORMALIZE_TARGETS_PRECOMPUTED``, which the end2end config sets),
+so a solver snapshot of a train net running it writes ``bbox_pred`` un-normalised as
+lib/fast_rcnn/train.py's does (:func:`bbox_pred_snapshot`, applied by
+runtime/train/snapshots.py). The anchor target layer's param_str: ``feat_stride``,
+``allowed_border`` and the anchors' ``scales``, ``ratios`` and ``base_size`` (PVANet's and
+py-RFCN-priv's readings; see :func:`~caffe2jax.lowering.forks.rcnn_proposal.anchor_settings`).
 
 What differs from the numpy original (both layers have no backward there; here their tops are
 constants for the gradient, ``stop_gradient``):
@@ -38,6 +42,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
+from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.boxes.coders import bbox_transform
 from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.boxes.matching import gt_valid, random_subset
@@ -244,7 +249,37 @@ def proposal_target_layer(layer: ir.Layer, params, bottoms, ctx, cfg=PROPOSAL_CF
     return [lax.stop_gradient(x.astype(ctx.dtype)) for x in tops]
 
 
+def unnormalized(params: dict, name: str, stds: np.ndarray, means: np.ndarray,
+                 trainer: str) -> dict:  # fmt: skip
+    """``params`` with layer ``name``'s weights × stds (per output) and bias × stds + means,
+    in float64 rounded to the blob's dtype, as numpy does in ``trainer``'s
+    lib/fast_rcnn/train.py ``SolverWrapper.snapshot``."""
+    blobs = [np.asarray(b) for b in params[name]]
+    if blobs[0].shape[0] != len(stds):
+        raise NetError(f"layer '{name}': {blobs[0].shape[0]} outputs, but {trainer}'s "
+                       f"snapshot un-normalises {len(stds)} (a multiple of its 4 box "
+                       "coordinates)")  # fmt: skip
+    shape = (-1,) + (1,) * (blobs[0].ndim - 1)
+    out = [(blobs[0].astype(np.float64) * stds.reshape(shape)).astype(blobs[0].dtype)]
+    out += [(b.astype(np.float64) * stds + means).astype(b.dtype) for b in blobs[1:2]]
+    return {**params, name: out + blobs[2:]}
+
+
+def bbox_pred_snapshot(params: dict, cfg=PROPOSAL_CFG) -> dict:
+    """py-faster-rcnn's lib/fast_rcnn/train.py snapshot (``BBOX_REG`` and
+    ``BBOX_NORMALIZE_TARGETS``, both True by config.py's defaults): the layer named
+    ``bbox_pred``, found by name as train.py does (``net.params.has_key('bbox_pred')``; a net
+    without it is written as trained), gets weights × stds and bias × stds + means, the
+    ``BBOX_NORMALIZE_STDS`` / ``MEANS`` that :func:`proposal_target_layer` normalised its
+    targets with, tiled over the classes (output c: coordinate c mod 4)."""
+    if "bbox_pred" not in params:
+        return params
+    reps = max(np.asarray(params["bbox_pred"][0]).shape[0] // 4, 1)
+    stds = np.tile(np.asarray(cfg["BBOX_NORMALIZE_STDS"], np.float64), reps)
+    means = np.tile(np.asarray(cfg["BBOX_NORMALIZE_MEANS"], np.float64), reps)
+    return unnormalized(params, "bbox_pred", stds, means, "py-faster-rcnn")
+
+
 register_builtin_python_layer("rpn.anchor_target_layer", "AnchorTargetLayer", anchor_target_layer)
-register_builtin_python_layer(
-    "rpn.proposal_target_layer", "ProposalTargetLayer", proposal_target_layer
-)
+register_builtin_python_layer("rpn.proposal_target_layer", "ProposalTargetLayer",
+                              proposal_target_layer, snapshot=bbox_pred_snapshot)  # fmt: skip

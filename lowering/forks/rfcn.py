@@ -49,7 +49,6 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import ir
-from caffe2jax.frontend.errors import NetError
 from caffe2jax.lowering.boxes.coders import bbox_transform
 from caffe2jax.lowering.boxes.iou import RCNN, iou
 from caffe2jax.lowering.forks.rcnn_proposal import proposal_layer
@@ -60,6 +59,7 @@ from caffe2jax.lowering.forks.rcnn_targets import (
     gt_rows,
     num_classes,
     rois_valid,
+    unnormalized,
 )
 from caffe2jax.lowering.python_layer import register_builtin_python_layer
 from caffe2jax.lowering.util import fail
@@ -147,20 +147,6 @@ def rfcn_proposal_layer(layer: ir.Layer, params, bottoms, ctx):
     return proposal_layer(layer, params, bottoms, ctx, config=RFCN_CONFIG)
 
 
-def _unnormalized(params: dict, name: str, stds: np.ndarray, means: np.ndarray) -> dict:
-    """``params`` with layer ``name``'s weights × stds (per output) and bias × stds + means,
-    in float64 rounded to the blob's dtype, as numpy does in py-R-FCN's train.py."""
-    blobs = [np.asarray(b) for b in params[name]]
-    if blobs[0].shape[0] != len(stds):
-        raise NetError(f"layer '{name}': {blobs[0].shape[0]} outputs, but py-R-FCN's "
-                       f"snapshot un-normalises {len(stds)} (a multiple of its 4 box "
-                       "coordinates)")  # fmt: skip
-    shape = (-1,) + (1,) * (blobs[0].ndim - 1)
-    out = [(blobs[0].astype(np.float64) * stds.reshape(shape)).astype(blobs[0].dtype)]
-    out += [(b.astype(np.float64) * stds + means).astype(b.dtype) for b in blobs[1:2]]
-    return {**params, name: out + blobs[2:]}
-
-
 def rpn_snapshot(params: dict, cfg=RFCN_ANCHOR_CFG) -> dict:
     """py-R-FCN train.py's snapshot of ``rpn_bbox_pred`` (when the net has it): stds and
     means tiled over its A anchors (output c: coordinate c mod 4)."""
@@ -170,7 +156,7 @@ def rpn_snapshot(params: dict, cfg=RFCN_ANCHOR_CFG) -> dict:
     reps = max(n // 4, 1)
     stds = np.tile(np.asarray(cfg["RPN_NORMALIZE_STDS"], np.float64), reps)
     means = np.tile(np.asarray(cfg["RPN_NORMALIZE_MEANS"], np.float64), reps)
-    return _unnormalized(params, "rpn_bbox_pred", stds, means)
+    return unnormalized(params, "rpn_bbox_pred", stds, means, "py-R-FCN")
 
 
 def rfcn_bbox_snapshot(params: dict, cfg=RFCN_CFG) -> dict:
@@ -183,7 +169,7 @@ def rfcn_bbox_snapshot(params: dict, cfg=RFCN_CFG) -> dict:
     reps = max(n // 8, 1)
     stds = np.repeat(np.tile(np.asarray(cfg["BBOX_NORMALIZE_STDS"], np.float64), 2), reps)
     means = np.repeat(np.tile(np.asarray(cfg["BBOX_NORMALIZE_MEANS"], np.float64), 2), reps)
-    return _unnormalized(params, "rfcn_bbox", stds, means)
+    return unnormalized(params, "rfcn_bbox", stds, means, "py-R-FCN")
 
 
 register_builtin_python_layer("rpn.proposal_layer", "ProposalLayer", rfcn_proposal_layer,

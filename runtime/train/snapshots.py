@@ -5,8 +5,9 @@ iteration), each test net's key and where every data layer of the train and test
 stands.
 
 A train net running a fork's built-in Python layer that registered a snapshot step writes its
-weights as that fork's trainer does (py-R-FCN's train.py: ``rpn_bbox_pred`` and ``rfcn_bbox``
-un-normalised, :func:`~caffe2jax.lowering.python_layer.snapshot_weights`), so the
+weights as that fork's trainer does (py-faster-rcnn's lib/fast_rcnn/train.py: ``bbox_pred``
+un-normalised; py-R-FCN's: ``rpn_bbox_pred`` and ``rfcn_bbox``;
+:func:`~caffe2jax.lowering.python_layer.snapshot_weights`), so the
 .caffemodel tests as the fork's does; the blobs as trained go into the resume record
 (``params/<layer>/<i>``), from which a restore takes them back exactly."""
 

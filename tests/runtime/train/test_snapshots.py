@@ -4,7 +4,8 @@ py-R-FCN's lib/fast_rcnn/train.py does (weights × stds tiled over the anchors, 
 means, float64 rounded to float32), so the .caffemodel tests without normalisation; the solver
 keeps training on the blobs as trained, and a restore from the snapshot goes on bit for bit.
 ``rfcn_bbox`` (py-R-FCN's proposal target layer): each of the 2 agnostic classes' 4 stds
-repeated over the position-sensitive maps."""
+repeated over the position-sensitive maps. py-faster-rcnn's built-in proposal target layer
+(the frcnn form, end2end targets normalised) snapshots ``bbox_pred`` as its train.py does."""
 
 from __future__ import annotations
 
@@ -116,9 +117,86 @@ def test_rfcn_bbox_unnormalised_as_py_rfcn_train():
         snapshot_weights(net, bad)
 
 
-def test_frcnn_nets_snapshot_blobs_as_trained():
-    """py-faster-rcnn's layers (RPN_NORMALIZE_TARGETS False; its bbox_pred is un-normalised by
-    its own evaluation, examples/detection/frcnn_eval.py): no step, the params themselves."""
+FRCNN = """
+name: "tiny_frcnn_head"
+layer { name: "data" type: "DummyData" top: "feat" top: "rpn_rois" top: "gt"
+  dummy_data_param { shape { dim: 128 dim: 6 } shape { dim: 4 dim: 5 } shape { dim: 1 dim: 5 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 0 }
+    data_filler { type: "constant" value: 1 } } }
+layer { name: "roi-data" type: "Python" bottom: "rpn_rois" bottom: "gt" top: "rois"
+  top: "labels" top: "targets" top: "w_in" top: "w_out"
+  python_param { module: "rpn.proposal_target_layer" layer: "ProposalTargetLayer"
+    param_str: "'num_classes': 2" } }
+layer { name: "bbox_pred" type: "InnerProduct" bottom: "feat" top: "bbox_pred"
+  inner_product_param { num_output: 8 weight_filler { type: "gaussian" std: 0.1 }
+    bias_filler { type: "constant" value: 0.3 } } }
+layer { name: "cls_score" type: "InnerProduct" bottom: "feat" top: "cls_score"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss_cls" type: "SoftmaxWithLoss" bottom: "cls_score" bottom: "labels"
+  top: "loss_cls" }
+layer { name: "loss_bbox" type: "EuclideanLoss" bottom: "bbox_pred" bottom: "targets"
+  top: "loss_bbox" }
+layer { name: "silence" type: "Silence" bottom: "rois" bottom: "w_in" bottom: "w_out" }
+"""
+
+
+def test_frcnn_snapshot_unnormalises_bbox_pred_and_resumes_exactly(tmp_path):
+    """py-faster-rcnn's built-in proposal target layer (the frcnn form; targets normalised,
+    end2end's BBOX_NORMALIZE_TARGETS_PRECOMPUTED): ``bbox_pred`` snapshot as train.py's
+    SolverWrapper.snapshot writes it (weights × np.tile(stds, num_classes)[:, None], bias ×
+    stds + means, float64 rounded), found by name; training and restore as trained."""
+    (tmp_path / "net.prototxt").write_text(FRCNN)
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\n'
+        f'momentum: 0.9\nmax_iter: 10\nrandom_seed: 1\nsnapshot_prefix: "{tmp_path / "s"}"\n'
+    )
+    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"), python_layers="builtin",
+                             dialect="frcnn")  # fmt: skip
+    solver.step(2)
+    trained = _blobs(solver, "bbox_pred")
+    weights, state = solver.snapshot()
+    saved = _caffemodel(weights)
+    stds = np.tile(STDS, 2)  # add_bbox_regression_targets: np.tile(stds, (num_classes, 1))
+    w = (trained[0].astype(np.float64) * stds[:, np.newaxis]).astype(np.float32)
+    b = (trained[1].astype(np.float64) * stds + 0.0).astype(np.float32)
+    np.testing.assert_array_equal(saved["bbox_pred"][0].reshape(w.shape), w)
+    np.testing.assert_array_equal(saved["bbox_pred"][1], b)
+    assert np.abs(b - trained[1]).max() > 0.1  # bias ~0.3 × 0.1 or 0.2: not the trained one
+    np.testing.assert_array_equal(saved["cls_score"][0].ravel(),
+                                  _blobs(solver, "cls_score")[0].ravel())  # fmt: skip
+    for mine, before in zip(_blobs(solver, "bbox_pred"), trained):
+        np.testing.assert_array_equal(mine, before)  # training goes on with the trained blobs
+    solver.step(2)
+    straight = [_blobs(solver, name) for name in ("bbox_pred", "cls_score")]
+    solver.restore(str(state))  # the blobs as trained, from the resume record
+    for mine, before in zip(_blobs(solver, "bbox_pred"), trained):
+        np.testing.assert_array_equal(mine, before)
+    solver.step(2)
+    for name, blobs in zip(("bbox_pred", "cls_score"), straight):
+        for mine, before in zip(_blobs(solver, name), blobs):
+            np.testing.assert_array_equal(mine, before, err_msg=name)
+
+
+def test_frcnn_net_without_bbox_pred_snapshots_blobs_as_trained():
+    """train.py finds the layer by its name only (``net.params.has_key('bbox_pred')``): a net
+    whose box regressor has another name is written as trained, as py-faster-rcnn writes it;
+    so is a net running the user's own layer (Caffe's snapshot). A ``bbox_pred`` of a width
+    that is no multiple of 4 is refused, naming it."""
+    net = load_net(FRCNN.replace('"bbox_pred"', '"box_deltas"'), "TRAIN", dialect="frcnn")
+    params = {"box_deltas": [np.ones((8, 6), np.float32), np.ones(8, np.float32)]}
+    with python_layers("builtin"):
+        assert snapshot_weights(net, params) is params
+    theirs = load_net(FRCNN, "TRAIN", dialect="frcnn")
+    params = {"bbox_pred": [np.ones((8, 6), np.float32), np.ones(8, np.float32)]}
+    with python_layers("user"):
+        assert snapshot_weights(theirs, params) is params
+        with pytest.raises(NetError, match="'bbox_pred': 6 outputs.*py-faster-rcnn"):
+            snapshot_weights(net, {"bbox_pred": [np.ones((6, 6), np.float32)]})
+
+
+def test_frcnn_rpn_snapshot_blobs_as_trained():
+    """py-faster-rcnn's anchor target layer (RPN_NORMALIZE_TARGETS False) registers no step:
+    ``rpn_bbox_pred`` is written as trained, the params themselves."""
     net = load_net(NET, "TRAIN", dialect="frcnn")
     params = {"rpn_bbox_pred": [np.ones((12, 3, 1, 1), np.float32), np.ones(12, np.float32)]}
     with python_layers("builtin"):
