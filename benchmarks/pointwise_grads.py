@@ -7,7 +7,8 @@ Each case is ``NxHxWxCxO`` (a channels-last bottom, O outputs); both forms run a
 step runs them, ``jax.jit(jax.value_and_grad)`` of a loss of the top with respect to bottom
 and weights, in alternating blocks in one process; medians and the ratio are printed with the
 load average. The defaults are MobileNet-SSD's 1×1 layers at batch 4, 300×300, that oneDNN's
-size rule takes (lowering/engines/policy.py ``pointwise_dnn_min_rows``).
+size rule takes. Per layer XLA's products won at ≤ 1,444 rows, but a row threshold made the
+MobileNet-SSD step slower (docs/performance.md, round 5), so the policy has none.
 """
 
 from __future__ import annotations

@@ -79,9 +79,8 @@ class EnginePolicy:
     ResNeXt's and DPN's) go to oneDNN whatever their size.
 
     ``pointwise``: on the CPU a channels-last 1×1, unpadded, ungrouped convolution is one
-    matrix product over channels; where oneDNN's rule also takes it and its top has at least
-    ``pointwise_dnn_min_rows`` pixels, its gradients are oneDNN's (``pointwise-dnn``:
-    MobileNet-SSD's train step, docs/performance.md).
+    matrix product over channels; where oneDNN's rule also takes it, its gradients are
+    oneDNN's (``pointwise-dnn``: MobileNet-SSD's train step, docs/performance.md).
     ``patches``: on the CPU a channels-last convolution of at
     most ``few_channels`` input channels and ``patches_max_macs`` multiply-adds that oneDNN
     does not take is im2col + one matrix product.
@@ -114,12 +113,6 @@ class EnginePolicy:
     # A 1×1 matrix product under oneDNN's size rule takes oneDNN's gradients ("pointwise-dnn"):
     # XLA:CPU transposes both gradient products' operands (benchmarks/op_profile.py ssd).
     pointwise_onednn_grads: bool = True
-    # ... only where the gradient products have at least this many rows (top pixels N·OH·OW):
-    # with fewer, XLA's own products measured as fast or faster (benchmarks/pointwise_grads.py,
-    # jitted fwd+bwd at load 13–15: 361–1,444 rows 1.07–2.13× oneDNN's time in 9 of 10 cases;
-    # 22,500–90,000 rows 0.78–0.79×), MobileNet-SSD's 19×19 and 10×10 layers at batch 4 among
-    # them (docs/performance.md, round 5).
-    pointwise_dnn_min_rows: int = 2048
     # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
     # one function whose backward recomputes BatchNorm's top (lowering/engines/chains.py;
     # benchmarks/bn_chain.py: 0.50–0.75× the three layers' time).
@@ -166,9 +159,7 @@ class EnginePolicy:
     def conv_form(self, c: ConvShape) -> str:
         """The form a convolution runs in (one of :data:`CONV_FORMS`)."""
         if c.channels_last and self._pointwise(c):
-            rows = c.macs // (c.w[0] * c.w[1])  # a 1×1 ungrouped convolution's top pixels
-            dnn = self.pointwise_onednn_grads and rows >= self.pointwise_dnn_min_rows
-            dnn = dnn and self._onednn(c)
+            dnn = self.pointwise_onednn_grads and self._onednn(c)
             return "pointwise-dnn" if dnn else "pointwise"
         if self._onednn(c):
             return "onednn"

@@ -123,12 +123,6 @@ def conv(x=(8, 16, 32, 32), w=(32, 16, 3, 3), pad=(1, 1), group=1, macs=None, dt
         ({"pointwise_onednn_grads": False}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=16_000_000),
          "pointwise"),
         ({"pointwise": False}, conv(w=(32, 16, 1, 1), pad=(0, 0), macs=1), "xla"),
-        # under the size rule but few top pixels: XLA's own gradient products (400 rows)
-        ({}, conv(x=(4, 1024, 10, 10), w=(1024, 1024, 1, 1), pad=(0, 0)), "pointwise"),
-        ({}, conv(x=(8, 512, 16, 16), w=(512, 512, 1, 1), pad=(0, 0)), "pointwise-dnn"),  # 2,048
-        ({}, conv(x=(8, 512, 16, 15), w=(512, 512, 1, 1), pad=(0, 0)), "pointwise"),  # 1,920
-        ({"pointwise_dnn_min_rows": 0}, conv(x=(4, 1024, 10, 10), w=(1024, 1024, 1, 1),
-                                             pad=(0, 0)), "pointwise-dnn"),
         ({}, conv(w=(32, 16, 1, 1), pad=(1, 1), macs=1), "xla"),  # padded: not a matmul
         ({}, conv(w=(32, 16, 1, 1), pad=(0, 0), channels_last=False, macs=1), "xla"),
         ({}, conv(w=(32, 8, 1, 1), pad=(0, 0), group=2, macs=1), "onednn"),  # grouped: no matmul
