@@ -1,7 +1,7 @@
 """What a BatchNorm → Scale → ReLU chain (channels-last, batch statistics) costs in a train
-step as the layers lower it today (three layers, JAX's autodiff), against one fused
-``jax.custom_vjp`` whose backward recomputes the normalised top from the bottom instead of
-storing it — a prototype for a chain fusion, not an engine form yet.
+step as three layers under JAX's autodiff, against the fused step train steps run
+(lowering/engines/chains.py: one ``jax.custom_vjp`` whose backward recomputes the normalised
+top from the bottom instead of storing it).
 
     python benchmarks/bn_chain.py [--shapes 4x150x150x64,4x75x75x128,4x19x19x512] [--blocks 7]
 
@@ -10,8 +10,8 @@ with respect to the bottom, Scale's γ and β, in alternating blocks in one proc
 ratio, load, and the largest difference of loss and gradients relative to each array's
 largest value are printed. The autodiff side is lowering/layers/normalization.py's
 ``_batch_norm`` formula on the (N·H·W, C) view, Caffe's ``(x − μ) / √(σ² + ε)``; the fused
-side stores x, μ, 1/√(σ² + ε) and the ReLU's top (the next layer's bottom, alive anyway) and
-takes Caffe's BatchNorm backward, ``(dy − mean(dy) − ŷ·mean(dy·ŷ)) / √(σ² + ε)``.
+side stores x, μ, σ² and the ReLU's top (the next layer's bottom, alive anyway) and takes
+Caffe's BatchNorm backward, ``(dy − mean(dy) − ŷ·mean(dy·ŷ)) / √(σ² + ε)``.
 The profile this answers: XLA:CPU writes x − μ, BatchNorm's top and the ReLU's top as three
 full arrays in the forward (docs/performance.md, "round 5").
 """
@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from caffe2jax.lowering.engines import chains
+
 EPS = 1e-5
 
 
@@ -42,34 +44,13 @@ def layers(x, gamma, beta):
     return jnp.where(z > 0, z, 0.0).reshape(x.shape)
 
 
-@jax.custom_vjp
 def fused(x, gamma, beta):
-    """The chain in one function: backward recomputes BatchNorm's top from x."""
-    return _fused_fwd(x, gamma, beta)[0]
-
-
-def _fused_fwd(x, gamma, beta):
+    """The chain as the fused step runs it (lowering/engines/chains.py)."""
     c = x.shape[-1]
     x2 = x.reshape(-1, c)
     mean = jnp.mean(x2, axis=0)
-    inv = 1.0 / jnp.sqrt(jnp.mean(jnp.square(x2 - mean), axis=0) + EPS)
-    top = jnp.maximum((x2 - mean) * inv * gamma + beta, 0.0).reshape(x.shape)
-    return top, (x, mean, inv, gamma, top)
-
-
-def _fused_bwd(res, dtop):
-    x, mean, inv, gamma, top = res
-    c = x.shape[-1]
-    x2 = x.reshape(-1, c)
-    dz = jnp.where(top > 0, dtop, 0.0).reshape(-1, c)
-    y = (x2 - mean) * inv
-    dbeta, dgamma = jnp.sum(dz, axis=0), jnp.sum(dz * y, axis=0)
-    m = x2.shape[0]
-    dx = inv * (dz * gamma - (dbeta * gamma) / m - y * (dgamma * gamma) / m)
-    return dx.reshape(x.shape), dgamma, dbeta
-
-
-fused.defvjp(_fused_fwd, _fused_bwd)
+    var = jnp.mean(jnp.square(x2 - mean), axis=0)
+    return chains.normalize_scale_relu(x2, mean, var, EPS, gamma, beta).reshape(x.shape)
 
 
 def loss(chain, x, gamma, beta, r):
