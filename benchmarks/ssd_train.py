@@ -14,7 +14,7 @@ softmax cross-entropy over the number of matches), looping over images as torchv
 does. Timings on a shared machine are noisy: the median of ``--repeats`` blocks is printed.
 
     python benchmarks/ssd_train.py [--batch 4] [--size 300] [--steps 3] [--repeats 3]
-                                   [--engines auto,auto:xla-grads,onednn-all:nchw]
+                                   [--engines auto,auto:unfused,onednn-all:nchw]
 """
 
 from __future__ import annotations
@@ -64,15 +64,17 @@ def batch_data(batch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def caffe2jax_runner(net, x, label, engines: str = "auto"):
     """One compiled train step per call (forward, backward, SGD update); ``engines``:
-    ``<conv setting>[:nchw][:xla-grads]`` (lowering/engines/policy.py; ``:nchw`` turns the NHWC
-    pass off, ``:xla-grads`` the oneDNN gradients of 1×1 matrix products)."""
+    ``<conv setting>[:nchw][:xla-grads][:unfused]`` (lowering/engines/policy.py; ``:nchw``
+    turns the NHWC pass off, ``:xla-grads`` the oneDNN gradients of 1×1 matrix products,
+    ``:unfused`` runs BatchNorm → Scale → ReLU chains as three layers)."""
     from caffe2jax.lowering.engines.policy import EnginePolicy
     from caffe2jax.lowering.model import compile as compile_net
     from caffe2jax.runtime.train.step import Trainer
 
     conv, *options = engines.split(":")
     policy = EnginePolicy(conv=conv, channels_last="nchw" not in options,
-                          pointwise_onednn_grads="xla-grads" not in options)  # fmt: skip
+                          pointwise_onednn_grads="xla-grads" not in options,
+                          fuse_batch_norm_chains="unfused" not in options)  # fmt: skip
     model = compile_net(net, "TRAIN", policy=policy)
     solver = caffe_pb2.SolverParameter(base_lr=LR, momentum=MOMENTUM, weight_decay=DECAY,
                                        lr_policy="fixed")  # fmt: skip
@@ -96,7 +98,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=300)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines", default="auto,auto:xla-grads",
+    parser.add_argument("--engines", default="auto,auto:unfused",
                         help="caffe2jax engine policies to time, comma-separated")  # fmt: skip
     args = parser.parse_args()
     import torch

@@ -308,7 +308,7 @@ class Graph:
             env[name] = env[name] + taps[name]
         new_state = NetState({name: list(blobs) for name, blobs in state.items()},
                              {name: list(c) for name, c in carry_of(state).items()})  # fmt: skip
-        plan = self._plan_run(start, stop, keep)
+        plan = self._plan_run(start, stop, keep, fuse=not taps)  # a tapped top stays a layer's
         for step in plan.steps:
             if step.layer is None:  # a Split: each top is its bottom
                 out = [env[step.bottoms[0]]] * len(step.tops)
@@ -316,17 +316,16 @@ class Graph:
                 with jax.named_scope(step.layer.name):
                     out = self._layer_step(step, params, state, env, rng, new_state)
             for top, value in zip(step.tops, out):
-                if top in taps:
-                    tap = taps[top]
+                if (tap := taps.get(top)) is not None:
                     value = value + (layout.to_nhwc(tap) if top in step.nhwc_tops else tap)
                 env[top] = value
         return layout.restore(env, plan.held), new_state
 
-    def _plan_run(self, start: int, stop: int | None, keep: Collection[str]) -> RunPlan:
+    def _plan_run(self, start: int, stop, keep: Collection[str], fuse: bool = True) -> RunPlan:
         """The steps of running Caffe's layers ``start``..``stop - 1`` (cached)."""
-        key = (start, stop, frozenset(keep))
+        key = (start, stop, frozenset(keep), fuse)
         if key not in self._runs:
-            self._runs[key] = plan_run(self, start, stop, keep)
+            self._runs[key] = plan_run(self, start, stop, keep, fuse)
         return self._runs[key]
 
     def _layer_step(self, step: Step, params, state, env, rng, new_state) -> list[jax.Array]:
@@ -338,9 +337,10 @@ class Graph:
             layout.convert(cast(x if backward.bottoms[i] else lax.stop_gradient(x), step.dtype), to)
             for i, (x, to) in enumerate(zip((env[b] for b in step.bottoms), step.transposes))
         ]
-        blobs = [
-            cast(b if backward.params[j] else lax.stop_gradient(b), step.dtype)
-            for j, b in enumerate(self.layer_blobs(layer, params, state))
+        blobs = [  # a fused chain's step: its later layers' blobs after the first's
+            cast(b if self.net.backward[x.name].params[j] else lax.stop_gradient(b), step.dtype)
+            for x in (layer, *step.chain)
+            for j, b in enumerate(self.layer_blobs(x, params, state))
         ]
         ctx = Context(self.phase, rng, step.dtype, layer_name=layer.name,
                       layer_index=self._index[layer.name], engine=step.engine)  # fmt: skip

@@ -113,6 +113,10 @@ class EnginePolicy:
     # A 1×1 matrix product under oneDNN's size rule takes oneDNN's gradients ("pointwise-dnn"):
     # XLA:CPU transposes both gradient products' operands (benchmarks/op_profile.py ssd).
     pointwise_onednn_grads: bool = True
+    # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
+    # one function whose backward recomputes BatchNorm's top (lowering/engines/chains.py;
+    # benchmarks/bn_chain.py: 0.50–0.75× the three layers' time).
+    fuse_batch_norm_chains: bool = True
     # ≤ 4 input channels: first layers on RGB or grey images. Up to 64M multiply-adds, where
     # benchmarks/fast_paths.py --path patches measured it ahead (LeNet b64 train 0.90×, CIFAR-10
     # full b1 0.92×); first layers of ImageNet nets measured faster on oneDNN.

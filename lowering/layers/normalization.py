@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from caffe2jax.frontend import ir
+from caffe2jax.lowering.engines import chains
 from caffe2jax.lowering.registry import ParamDecl, Shape, register
 from caffe2jax.lowering.util import count, fail
 
@@ -60,30 +61,54 @@ def _view(x: jax.Array, c: int, nhwc: bool) -> tuple[jax.Array, tuple[int, ...]]
 
 def _batch_norm(layer, params, x, ctx, nhwc: bool):
     """BatchNorm over ``x`` viewed by :func:`_view`: statistics per channel (axis 1)."""
-    p = layer.param.batch_norm_param
-    mean_sum, var_sum, factor = params
     c = x.shape[-1] if nhwc else _bn_channels(x.shape)
     x3, axes = _view(x, c, nhwc)
     per_channel = (None, slice(None), None)[: x3.ndim]
+    mean, var, new_state = _statistics(layer, params, x3, axes, ctx)
+    centered = x3 - mean[per_channel]
+    y = centered / jnp.sqrt(var + layer.param.batch_norm_param.eps)[per_channel]
+    return [y.reshape(x.shape)], new_state
+
+
+def _statistics(layer, params, x3, axes, ctx):
+    """The mean and variance BatchNorm normalises with, and its three state blobs after the
+    forward (Caffe: running sums ``maf·old + new``, the variance's unbiased m/(m − 1))."""
+    mean_sum, var_sum, factor = params
     if _use_global_stats(layer, ctx.phase):
         zero = factor[0] == 0
         inv = jnp.where(zero, 0.0, 1.0 / jnp.where(zero, 1.0, factor[0]))
-        mean, var = mean_sum * inv, var_sum * inv
-        new_state = [mean_sum, var_sum, factor]
-    else:
-        mean = jnp.mean(x3, axis=axes)
-        var = jnp.mean(jnp.square(x3 - mean[per_channel]), axis=axes)
-        m = count(x.shape) // c
-        correction = m / (m - 1) if m > 1 else 1.0
-        maf = p.moving_average_fraction
-        new_state = [
-            maf * mean_sum + mean,
-            maf * var_sum + correction * var,
-            maf * factor + 1.0,
-        ]
-    centered = x3 - mean[per_channel]
-    y = centered / jnp.sqrt(var + p.eps)[per_channel]
-    return [y.reshape(x.shape)], new_state
+        return mean_sum * inv, var_sum * inv, [mean_sum, var_sum, factor]
+    per_channel = (None, slice(None), None)[: x3.ndim]
+    mean = jnp.mean(x3, axis=axes)
+    var = jnp.mean(jnp.square(x3 - mean[per_channel]), axis=axes)
+    m = x3.size // mean.size
+    correction = m / (m - 1) if m > 1 else 1.0
+    maf = layer.param.batch_norm_param.moving_average_fraction
+    return mean, var, [maf * mean_sum + mean, maf * var_sum + correction * var, maf * factor + 1.0]
+
+
+def uses_batch_statistics(layer: ir.Layer, phase: str) -> bool:
+    """Whether this BatchNorm normalises with its bottom's own statistics in ``phase``."""
+    return not _use_global_stats(layer, phase)
+
+
+def batch_norm_chain(bias: bool, layer, params, bottoms, ctx):
+    """A channels-last BatchNorm (batch statistics) → Scale (per-channel γ, ``bias`` β) →
+    ReLU (slope 0) chain as one step (lowering/planning.py finds it): ``params`` BatchNorm's
+    three blobs then Scale's, the tops BatchNorm's, Scale's and ReLU's. The ReLU's top is
+    lowering/engines/chains.py's fused function (its backward recomputes BatchNorm's top); the
+    other two tops are the layers' own expressions, which XLA drops when nothing reads them."""
+    if _use_global_stats(layer, ctx.phase):
+        raise fail(layer, "a fused BatchNorm chain needs batch statistics")
+    x = bottoms[0]
+    x2 = x.reshape(-1, x.shape[-1])
+    mean, var, new_state = _statistics(layer, params[:3], x2, (0,), ctx)
+    gamma, beta = params[3], params[4] if bias else jnp.zeros_like(params[3])
+    eps = layer.param.batch_norm_param.eps
+    y = chains.normalized(x2, mean, var, eps)
+    scaled = y * gamma + beta if bias else y * gamma
+    top = chains.normalize_scale_relu(x2, mean, var, eps, gamma, beta)
+    return [t.reshape(x.shape) for t in (y, scaled, top)], new_state
 
 
 @batch_norm.param_shapes
