@@ -1,15 +1,17 @@
 """onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
 
     python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
-        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked]
+        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded]
 
 GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models) and ResNet-50 (He et al. 2016,
 the published deploy net's layers, built here with NetSpec), random weights (their fillers;
 BatchNorm statistics mean 0, variance 1). Each net is exported with ``caffe2jax.export_onnx``
 and run by an onnxruntime CPU session at its default options (all graph optimizations, its
 own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's JAX setup, on
-``model.packed(params)`` (oneDNN's weights packed once, as pycaffe's ``Net.forward`` runs it;
-``--peer unpacked`` times that against the same forward on Caffe-layout weights instead).
+``model.packed(params, state)`` (oneDNN's weights packed once and each in-place Convolution →
+BatchNorm → Scale folded into the convolution, as pycaffe's whole-net ``Net.forward`` runs it;
+``--peer unpacked`` times that against the same forward on Caffe-layout weights instead,
+``--peer unfolded`` against the packed forward without folding).
 Both are timed in one run, in alternating blocks (benchmarks/harness.py: median block, compile
 and session creation apart); the logits are checked to agree first (within 1e-4 of their
 largest magnitude). Prints the markdown table and writes
@@ -111,12 +113,13 @@ def case(
     forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
     check = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0][blob])
     params, state, xj = jax.device_put((params, state, x))
-    packed = model.packed(params)  # oneDNN's weights packed once, as Net.forward does
+    packed = model.packed(params, state)  # packed once, BatchNorm folded, as Net.forward
     ours = lambda: forward(packed, state, xj)  # noqa: E731
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     theirs = lambda: session.run(["prob"], {"data": x})[0]  # noqa: E731
     mine = np.asarray(check(packed, state, xj))
-    assert np.array_equal(mine, np.asarray(check(params, state, xj))), "packing changed a value"
+    plain = np.asarray(check(params, state, xj))
+    assert np.abs(mine - plain).max() <= 1e-5 * np.abs(plain).max(), "folding changed a value"
     other = session.run([logits], {"data": x})[0]
     gap = np.abs(mine - other).max() / np.abs(mine).max()
     assert gap < 1e-4, f"{name}: the logits differ by {gap:.2e}"
@@ -124,6 +127,10 @@ def case(
     if peer == "unpacked":  # packing's own effect: the same forward on Caffe-layout weights
         row = Row(f"{name} b{batch} forward", "caffe2jax unpacked", note=note)
         return measure(row, ours, lambda: lambda: forward(params, state, xj), calls, blocks)
+    if peer == "unfolded":  # folding's own effect: packed weights, BatchNorm and Scale run
+        row = Row(f"{name} b{batch} forward", "caffe2jax unfolded", note=note)
+        unfolded = model.packed(params)
+        return measure(row, ours, lambda: lambda: forward(unfolded, state, xj), calls, blocks)
     row = Row(f"{name} b{batch} forward", "onnxruntime", note=note)
     return measure(row, ours, lambda: theirs, calls, blocks)
 
@@ -136,9 +143,10 @@ def main() -> None:
     parser.add_argument("--nets", default="googlenet,resnet50", help="comma-separated")
     parser.add_argument(
         "--peer",
-        choices=("onnxruntime", "unpacked"),
+        choices=("onnxruntime", "unpacked", "unfolded"),
         default="onnxruntime",
-        help="unpacked: caffe2jax's forward without packed oneDNN weights",
+        help="unpacked: caffe2jax's forward without packed oneDNN weights or folding; "
+        "unfolded: packed, BatchNorm and Scale not folded into the convolutions",
     )
     args = parser.parse_args()
     configure_jax(compile_cache=False)
@@ -157,6 +165,8 @@ def main() -> None:
     title = f"onnxruntime {onnxruntime.__version__} on caffe2jax's ONNX export vs caffe2jax"
     if args.peer == "unpacked":
         title = "caffe2jax with oneDNN weights packed once vs unpacked (Caffe layout)"
+    if args.peer == "unfolded":
+        title = "caffe2jax with BatchNorm and Scale folded into the convolutions vs not"
     write("onnx-runtime", title, rows, info, "python benchmarks/onnx_runtime.py " +
           " ".join(sys.argv[1:]))  # fmt: skip
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.engines import onednn
+from caffe2jax.lowering.engines import folding, onednn
 
 Slot = tuple[str, int]  # (layer owning the param, blob index)
 
@@ -98,7 +98,9 @@ class Packer:
                                  for (n, j), key in self.keys.items()
                                  if n in params and params[n][j] is not None})  # fmt: skip
 
-    def _packed(self, slot: Slot, key: bytes, w: Any) -> PackedWeights:
+    def _packed(self, slot: Slot, key: bytes, w: Any) -> Any:
+        if isinstance(w, folding.Folded):  # a BatchNorm and Scale folded in (folding.py)
+            return folding.Folded(self._packed(slot, key, w.weights), w.bias)
         made = self._made.get(slot)
         if made is not None and made[0] is w and isinstance(w, jax.Array):
             return made[1]

@@ -124,6 +124,10 @@ class EnginePolicy:
     # packing.py) instead of reordering them on every call (GoogLeNet b1 forward: 0.81× the
     # unpacked time, docs/performance.md).
     packed_weights: bool = True
+    # ... and, given the state (a whole-net forward), each in-place Convolution → BatchNorm →
+    # Scale chain folded into the convolution's weights and bias (lowering/engines/folding.py;
+    # ONNX Runtime does the same at session creation; ResNet-50: 53 chains).
+    fold_batchnorm: bool = True
     pool: str = "auto"
     channels_last: bool = True
     backend: str | None = None
