@@ -21,6 +21,7 @@ folded again whenever one of its arrays is not the very ``jax.Array`` it was fol
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +65,15 @@ class Skipped:
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls()
+
+
+# an exported forward (runtime/host/startup_cache.py) keeps a folded tree's structure
+for _cls in (Folded, Skipped):
+    with contextlib.suppress(ValueError):  # registered already (the module loaded twice)
+        jax.export.register_pytree_node_serialization(
+            _cls, serialized_name=f"caffe2jax.{_cls.__name__}",
+            serialize_auxdata=lambda _: b"", deserialize_auxdata=lambda _: None,
+        )  # fmt: skip
 
 
 def skipped(blobs: Any) -> bool:

@@ -203,3 +203,20 @@ def test_pycaffe_forward_sees_what_a_script_writes(tmp_path, monkeypatch):
     state = {"bn": [b.data for b in net.params["bn"]]}
     want = reference.apply(blobs, state, {"x": net.blobs["x"].data})[0]["y@bn"]
     _close(top, np.asarray(want))
+
+
+def test_a_folded_forward_exports_and_loads():
+    """The start-up cache keeps pycaffe's forward as a jax.export serialization: a folded
+    tree's structure serializes, and the loaded program gives the same top."""
+    from caffe2jax.runtime.host import startup_cache  # noqa: F401 - NetState's serialization
+
+    model = compile_net(_text(bias=False), policy=EnginePolicy(conv="onednn-all"))
+    params, state = model.init(0)
+    folded = model.packed(params, _statistics(model, state))
+    x = np.random.default_rng(3).standard_normal((2, 4, 9, 9)).astype(np.float32)
+    fn = jax.jit(lambda p, s, v: model.apply(p, s, {"x": v})[0]["z"])
+    checks = [jax.export.DisabledSafetyCheck.custom_call("caffe2jax_onednn_fwd_packed")]
+    data = jax.export.export(fn, disabled_checks=checks)(folded, state, x).serialize()
+    loaded = jax.export.deserialize(bytearray(data))
+    np.testing.assert_array_equal(np.asarray(loaded.call(folded, state, x)),
+                                  np.asarray(fn(folded, state, x)))  # fmt: skip
