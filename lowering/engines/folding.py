@@ -31,28 +31,28 @@ import numpy as np
 
 from caffe2jax.frontend import ir
 
-Chain = tuple[str, str, str]  # (Convolution, BatchNorm, Scale) layer names
+Chain = tuple[str, str | None, str | None, str | None]  # Convolution, BatchNorm, Scale, ReLU
 
 
 @jax.tree_util.register_pytree_node_class
 class Folded:
     """A Convolution's weights with a chain folded in: ``weights`` (Caffe layout, or oneDNN's
-    packed: packing.py) and ``bias`` (C,), or None where the convolution's own bias slot holds
-    the folded bias."""
+    packed: packing.py), ``bias`` (C,) or None, and the slope of the ReLU after them, or None
+    (fused.py runs all three in one oneDNN primitive)."""
 
-    def __init__(self, weights: Any, bias: Any):
-        self.weights, self.bias = weights, bias
+    def __init__(self, weights: Any, bias: Any, relu: float | None = None):
+        self.weights, self.bias, self.relu = weights, bias, relu
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.weights.shape)
 
     def tree_flatten(self):
-        return (self.weights, self.bias), None
+        return (self.weights, self.bias), self.relu
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children)
+        return cls(*children, aux)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -72,7 +72,8 @@ for _cls in (Folded, Skipped):
     with contextlib.suppress(ValueError):  # registered already (the module loaded twice)
         jax.export.register_pytree_node_serialization(
             _cls, serialized_name=f"caffe2jax.{_cls.__name__}",
-            serialize_auxdata=lambda _: b"", deserialize_auxdata=lambda _: None,
+            serialize_auxdata=lambda aux: repr(aux).encode(),
+            deserialize_auxdata=lambda data: None if data == b"None" else float(data),
         )  # fmt: skip
 
 
@@ -81,12 +82,14 @@ def skipped(blobs: Any) -> bool:
     return isinstance(blobs, Skipped)
 
 
-def add_bias(y: jax.Array, w: Folded, channels_last: bool) -> jax.Array:
-    """``y`` plus a folded convolution's bias on its channel axis (last, or 1)."""
-    if w.bias is None:
+def epilogue(y: jax.Array, w: Folded, channels_last: bool) -> jax.Array:
+    """``y`` plus a folded convolution's bias on its channel axis (last, or 1), through its
+    ReLU (Caffe's ReLULayer: ``y`` where ``y > 0``, else ``negative_slope·y``)."""
+    if w.bias is not None:
+        y = y + jnp.reshape(w.bias, (-1,) if channels_last else (-1,) + (1,) * (y.ndim - 2))
+    if w.relu is None:
         return y
-    shape = (-1,) if channels_last else (-1,) + (1,) * (y.ndim - 2)
-    return y + jnp.reshape(w.bias, shape)
+    return jnp.where(y > 0, y, y * w.relu if w.relu else jnp.zeros_like(y))
 
 
 def _readers(net: ir.Net) -> dict[str, list[ir.Layer]]:
@@ -115,22 +118,28 @@ def _foldable(net: ir.Net, conv: ir.Layer, bn: ir.Layer, scale: ir.Layer) -> boo
     p = bn.param.batch_norm_param
     global_stats = p.use_global_stats if p.HasField("use_global_stats") else net.phase == ir.TEST
     s = scale.param.scale_param
-    return (len(names) == 1 and global_stats and s.axis == 1 and s.num_axes == 1
-            and conv.param.convolution_param.axis == 1 and len(conv.bottoms) == 1)  # fmt: skip
+    return len(names) == 1 and global_stats and s.axis == 1 and s.num_axes == 1
 
 
 def chains(net: ir.Net, shared: Mapping[tuple[str, int], tuple[str, int]]) -> list[Chain]:
-    """The Convolution → BatchNorm → Scale chains of ``net`` that can be folded (see the
-    module docstring); ``shared``: (layer, blob) → its owner's, for the layers sharing."""
+    """The Convolution (→ BatchNorm → Scale) (→ ReLU) chains of ``net`` that can be folded
+    (see the module docstring), at least one layer after the convolution; ``shared``: (layer,
+    blob) → its owner's, for the layers sharing."""
     readers, sharing = _readers(net), {s[0] for pair in shared.items() for s in pair}
     out = []
     for conv in net.layers:
-        if conv.type != "Convolution" or conv.form or conv.name in sharing:
+        if conv.type != "Convolution" or conv.form or conv.name in sharing or \
+                len(conv.bottoms) != 1 or conv.param.convolution_param.axis != 1:  # fmt: skip
             continue
         bn = _next(readers, conv, "BatchNorm")
         scale = bn and _next(readers, bn, "Scale")
-        if scale and not {bn.name, scale.name} & sharing and _foldable(net, conv, bn, scale):
-            out.append((conv.name, bn.name, scale.name))
+        if not (scale and not {bn.name, scale.name} & sharing and _foldable(net, conv, bn, scale)):
+            bn = scale = None
+        relu = _next(readers, scale or conv, "ReLU")
+        if relu and relu.top_names[0] != conv.top_names[0]:
+            relu = None
+        if scale or relu:
+            out.append((conv.name, bn and bn.name, scale and scale.name, relu and relu.name))
     return out
 
 
@@ -148,14 +157,16 @@ def fold(w, b, statistics, gamma, beta, eps: float) -> tuple[np.ndarray, np.ndar
 
 
 class Folder:
-    """Folds a planned net's chains (``chains``, with each BatchNorm's eps and whether the
-    convolution has its own bias slot) into the params a forward-only program takes."""
+    """Folds a planned net's chains (:func:`chains`) into the params a forward-only program
+    takes: each convolution's slots hold :class:`Folded` (and :class:`Skipped` for its own
+    bias, which the Folded carries), each BatchNorm, Scale and ReLU of a chain Skipped."""
 
     def __init__(self, net: ir.Net, found: list[Chain]):
         self.chains = [
-            (c, b, s, net.layer(b).param.batch_norm_param.eps,
+            (c, b, s, r, b and net.layer(b).param.batch_norm_param.eps,
+             r and net.layer(r).param.relu_param.negative_slope,
              net.layer(c).param.convolution_param.bias_term)
-            for c, b, s in found
+            for c, b, s, r in found
         ]  # fmt: skip
         self._made: dict[str, tuple[tuple, list]] = {}
 
@@ -164,13 +175,14 @@ class Folder:
                                   for x in jax.tree.leaves((params, dict(state)))):  # fmt: skip
             return params
         out = dict(params)
-        for conv, bn, scale, eps, has_bias in self.chains:
-            sources = (*params[conv], *state[bn], *params[scale])
-            out[conv] = self._folded(conv, sources, len(params[scale]), eps, has_bias)
-            out[bn] = out[scale] = Skipped()
+        for conv, bn, scale, relu, eps, slope, has_bias in self.chains:
+            sources = (*params[conv], *(state[bn] if bn else ()), *(params[scale] if bn else ()))
+            slope = None if relu is None else float(slope)
+            out[conv] = self._folded(conv, sources, eps, slope, has_bias)
+            out.update({name: Skipped() for name in (bn, scale, relu) if name})
         return out
 
-    def _folded(self, conv: str, sources: tuple, scale_blobs: int, eps: float, has_bias: bool):
+    def _folded(self, conv: str, sources: tuple, eps, slope: float | None, has_bias: bool):
         made = self._made.get(conv)
         if (
             made is not None
@@ -178,11 +190,12 @@ class Folder:
             and all(a is b and isinstance(a, jax.Array) for a, b in zip(made[0], sources))
         ):
             return made[1]
-        w, b = sources[0], sources[1] if has_bias else None
-        statistics = sources[1 + has_bias : 4 + has_bias]
-        gamma, beta = sources[4 + has_bias], sources[5 + has_bias] if scale_blobs > 1 else None
-        weights, bias = (jnp.asarray(a) for a in fold(w, b, statistics, gamma, beta, eps))
-        # with a bias slot of its own, the convolution's bias_term adds the folded bias
-        blobs = [Folded(weights, None), bias] if has_bias else [Folded(weights, bias)]
+        weights, bias = sources[0], sources[1] if has_bias else None
+        if eps is not None:  # a BatchNorm and a Scale
+            n = 1 + has_bias
+            gamma, beta = sources[n + 3], sources[n + 4] if len(sources) > n + 4 else None
+            folded = fold(weights, bias, sources[n : n + 3], gamma, beta, eps)
+            weights, bias = (jnp.asarray(a) for a in folded)
+        blobs = [Folded(weights, bias, slope), *([Skipped()] if has_bias else [])]
         self._made[conv] = (sources, blobs)  # holds the sources: identities cannot pass on
         return blobs

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.engines import folding, onednn
+from caffe2jax.lowering.engines import folding, fused, onednn
 
 Slot = tuple[str, int]  # (layer owning the param, blob index)
 
@@ -89,6 +89,8 @@ class Packer:
 
     def __init__(self, keys: dict[Slot, bytes]):
         self.keys = dict(keys)
+        if self.keys:
+            fused.register()  # a loaded forward may call its fused primitives (fused.py)
         self._made: dict[Slot, tuple[Any, PackedWeights]] = {}
 
     def __call__(self, params: dict) -> dict:
@@ -99,12 +101,14 @@ class Packer:
                                  if n in params and params[n][j] is not None})  # fmt: skip
 
     def _packed(self, slot: Slot, key: bytes, w: Any) -> Any:
-        if isinstance(w, folding.Folded):  # a BatchNorm and Scale folded in (folding.py)
-            return folding.Folded(self._packed(slot, key, w.weights), w.bias)
+        if isinstance(w, folding.Folded):  # packed for the primitive with its bias and ReLU
+            k = fused.key(key, w.relu, w.bias is not None)
+            return folding.Folded(self._packed(slot, k, w.weights), w.bias, w.relu)
         made = self._made.get(slot)
-        if made is not None and made[0] is w and isinstance(w, jax.Array):
+        if made is not None and made[0] is w and isinstance(w, jax.Array) and made[1].key == key:
             return made[1]
-        data = jnp.asarray(onednn.primitives(key).pack(np.asarray(w, np.float32)))
+        primitives = fused.primitives(key) if fused.is_fused(key) else onednn.primitives(key)
+        data = jnp.asarray(primitives.pack(np.asarray(w, np.float32)))
         packed = PackedWeights(data, slot, tuple(w.shape), key)
         self._made[slot] = (w, packed)  # holds ``w``: its identity cannot pass to another array
         return packed

@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.engines import conv_forms, onednn, packing
+from caffe2jax.lowering.engines import conv_forms, folding, onednn, packing
 from caffe2jax.lowering.engines.policy import ConvShape
 from caffe2jax.lowering.registry import Context, ParamDecl, Planning, register
 from caffe2jax.lowering.util import canonical_axis, fail, nchw
@@ -162,8 +162,8 @@ def _batched(x: jax.Array, axis: int, fn) -> jax.Array:
 
 def _add_bias(layer: ir.Layer, y: jax.Array, params, axis: int) -> jax.Array:
     """``y`` plus the bias blob along its channel ``axis``."""
-    if not layer.param.convolution_param.bias_term:
-        return y
+    if not layer.param.convolution_param.bias_term or folding.skipped(params[1]):
+        return y  # no bias, or a forward-only program's folded bias (engines/folding.py)
     return y + params[1].reshape((-1,) + (1,) * (y.ndim - axis - 1))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import caffe2jax as caffe
-from caffe2jax.lowering.engines import folding, packing
+from caffe2jax.lowering.engines import folding, fused, packing
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.model import compile as compile_net
 from tests import jitted
@@ -75,27 +75,54 @@ def test_folded_forward_is_the_unfolded_one_under_jit(policy, bias, scale_bias):
     state = _statistics(model, state)
     x = np.random.default_rng(0).standard_normal((2, 4, 9, 9)).astype(np.float32)
     folded = model.packed(params, state)
-    assert folding.skipped(folded["bn"]) and folding.skipped(folded["sc"])
-    assert isinstance(folded["c1"][0], folding.Folded)
-    assert len(folded["c1"]) == 1 + bias and (folded["c1"][0].bias is None) == bias
-    inner = folded["c1"][0].weights
-    assert isinstance(inner, packing.PackedWeights) == (policy.conv == "onednn-all")
+    assert all(folding.skipped(folded[n]) for n in ("bn", "sc", "r1"))
+    conv = folded["c1"][0]
+    assert isinstance(conv, folding.Folded) and conv.relu == 0.0 and conv.bias is not None
+    assert len(folded["c1"]) == 1 + bias and (not bias or folding.skipped(folded["c1"][1]))
+    dnn = policy.conv == "onednn-all"
+    assert isinstance(conv.weights, packing.PackedWeights) == dnn
+    assert not dnn or fused.is_fused(conv.weights.key)  # bias and ReLU inside oneDNN
     raw = jitted.forward(model, params, state, {"x": x})[0]
     got = jax.jit(model.apply)(folded, state, {"x": x})[0]
     for blob in ("y", "z"):
         _close(np.asarray(got[blob]), np.asarray(raw[blob]))
-    assert model.packed(params, state)["c1"][0].weights is inner  # folded and packed once
+    assert model.packed(params, state)["c1"][0].weights is conv.weights  # folded, packed once
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_convolution_and_relu_fused_under_jit(slope, channels_last):
+    """Convolution → ReLU (GoogLeNet's): the bias and the ReLU (leaky too) inside the oneDNN
+    primitive, equal to the unfused forward within 1e-5 of the top's largest value."""
+    text = _text().replace("BNPARAM", "")
+    head, _, tail = text.partition('layer { name: "bn"')
+    text = head + tail[tail.index('layer { name: "r1"') :]
+    text = text.replace('top: "y" }', f'top: "y" relu_param {{ negative_slope: {slope} }} }}')
+    policy = EnginePolicy(conv="onednn-all", channels_last=channels_last)
+    model = compile_net(text, policy=policy)
+    params, state = model.init(0)
+    assert folding.chains(model.net, model.graph.shared) == [("c1", None, None, "r1")]
+    folded = model.packed(params, state)
+    assert folded["c1"][0].relu == slope and fused.is_fused(folded["c1"][0].weights.key)
+    x = np.random.default_rng(0).standard_normal((2, 4, 9, 9)).astype(np.float32)
+    raw = jitted.forward(model, params, state, {"x": x})[0]
+    got = jax.jit(model.apply)(folded, state, {"x": x})[0]
+    for blob in ("y", "z"):
+        _close(np.asarray(got[blob]), np.asarray(raw[blob]))
+    assert (np.asarray(got["y"]) < 0).any() == (slope > 0)
 
 
 def test_folded_program_runs_no_batchnorm():
-    """The folded program has no square root (BatchNorm's), and one convolution call."""
+    """The folded program has no square root (BatchNorm's): c1, its BatchNorm, Scale, bias
+    and ReLU are one oneDNN call."""
     model = compile_net(_text(), policy=EnginePolicy(conv="onednn-all"))
     params, state = model.init(0)
     folded = model.packed(params, _statistics(model, state))
     x = np.zeros((2, 4, 9, 9), np.float32)
     text = jax.jit(model.apply).lower(folded, state, {"x": x}).as_text()
     assert "sqrt" not in text and "rsqrt" not in text
-    assert text.count("caffe2jax_onednn_fwd_packed") == 2
+    assert text.count("caffe2jax_onednn_fused") == 1  # c1 with its bias and ReLU
+    assert text.count("caffe2jax_onednn_fwd_packed") == 1  # c2, alone
     unfolded = jax.jit(model.apply).lower(model.packed(params), state, {"x": x}).as_text()
     assert "sqrt" in unfolded  # the check above can see a BatchNorm
 
@@ -144,11 +171,13 @@ def test_folded_again_whenever_an_array_changes():
     moved = model.packed(params, state)["c1"]
     assert moved[0] is not first[0]
     k = np.asarray(params["sc"][0]) / np.sqrt(np.asarray(state["bn"][1]) / 3 + 1e-5)
-    np.testing.assert_allclose(np.asarray(first[1]) - np.asarray(moved[1]), k / 3, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(first[0].bias) - np.asarray(moved[0].bias), k / 3, rtol=1e-5
+    )
     host = dict(params, sc=[np.asarray(a).copy() for a in params["sc"]])
-    before = model.packed(host, state)["c1"][1]
+    before = model.packed(host, state)["c1"][0].bias
     host["sc"][1][...] += 5  # a numpy array written in place: folded on every call
-    np.testing.assert_allclose(model.packed(host, state)["c1"][1], np.asarray(before) + 5,
+    np.testing.assert_allclose(model.packed(host, state)["c1"][0].bias, np.asarray(before) + 5,
                                rtol=1e-6)  # fmt: skip
 
 
@@ -215,7 +244,8 @@ def test_a_folded_forward_exports_and_loads():
     folded = model.packed(params, _statistics(model, state))
     x = np.random.default_rng(3).standard_normal((2, 4, 9, 9)).astype(np.float32)
     fn = jax.jit(lambda p, s, v: model.apply(p, s, {"x": v})[0]["z"])
-    checks = [jax.export.DisabledSafetyCheck.custom_call("caffe2jax_onednn_fwd_packed")]
+    checks = [jax.export.DisabledSafetyCheck.custom_call(f"caffe2jax_onednn_{kind}")
+              for kind in ("fwd_packed", "fused")]  # fmt: skip
     data = jax.export.export(fn, disabled_checks=checks)(folded, state, x).serialize()
     loaded = jax.export.deserialize(bytearray(data))
     np.testing.assert_array_equal(np.asarray(loaded.call(folded, state, x)),
