@@ -215,12 +215,14 @@ class Model:
         Convolution → BatchNorm → Scale chain folded into the convolution (folding.py). Forward
         only, for a run of the whole net: a packed tree has no gradient. Redone whenever an
         array object changes; packing alone leaves the forward bit for bit. Each step is off
-        under a policy without ``packed_weights`` / ``fold_batchnorm``."""
+        under a policy without ``packed_weights`` / ``fold_batchnorm`` (``onednn_post_ops``:
+        a chain's bias and ReLU inside its oneDNN call, fused.py)."""
         if "packer" not in self.programs:
             keys = vision.onednn_keys(self.graph) if self.policy.packed_weights else {}
             found = folding.chains(self.net, self.graph.shared) if self.policy.fold_batchnorm \
                 and not self.graph.precision.casts else []  # fmt: skip
-            self.programs["packer"] = (packing.Packer(keys), folding.Folder(self.net, found))
+            packer = packing.Packer(keys, self.policy.onednn_post_ops)
+            self.programs["packer"] = (packer, folding.Folder(self.net, found))
         packer, folder = self.programs["packer"]
         return packer(params if state is None else folder(params, state))
 

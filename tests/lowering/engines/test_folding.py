@@ -62,10 +62,11 @@ def _close(got, want):
     "policy",
     [
         EnginePolicy(conv="onednn-all"),
-        EnginePolicy(conv="onednn-all", channels_last=False),
+        EnginePolicy(conv="onednn-all", onednn_post_ops=True),
+        EnginePolicy(conv="onednn-all", channels_last=False, onednn_post_ops=True),
         EnginePolicy(conv="xla"),
     ],  # fmt: skip
-    ids=["onednn-nhwc", "onednn-nchw", "xla"],
+    ids=["onednn-nhwc", "post-ops-nhwc", "post-ops-nchw", "xla"],
 )
 @pytest.mark.parametrize("bias,scale_bias", [(True, True), (False, False)])
 def test_folded_forward_is_the_unfolded_one_under_jit(policy, bias, scale_bias):
@@ -81,7 +82,7 @@ def test_folded_forward_is_the_unfolded_one_under_jit(policy, bias, scale_bias):
     assert len(folded["c1"]) == 1 + bias and (not bias or folding.skipped(folded["c1"][1]))
     dnn = policy.conv == "onednn-all"
     assert isinstance(conv.weights, packing.PackedWeights) == dnn
-    assert not dnn or fused.is_fused(conv.weights.key)  # bias and ReLU inside oneDNN
+    assert not dnn or fused.is_fused(conv.weights.key) == policy.onednn_post_ops
     raw = jitted.forward(model, params, state, {"x": x})[0]
     got = jax.jit(model.apply)(folded, state, {"x": x})[0]
     for blob in ("y", "z"):
@@ -98,7 +99,7 @@ def test_convolution_and_relu_fused_under_jit(slope, channels_last):
     head, _, tail = text.partition('layer { name: "bn"')
     text = head + tail[tail.index('layer { name: "r1"') :]
     text = text.replace('top: "y" }', f'top: "y" relu_param {{ negative_slope: {slope} }} }}')
-    policy = EnginePolicy(conv="onednn-all", channels_last=channels_last)
+    policy = EnginePolicy(conv="onednn-all", channels_last=channels_last, onednn_post_ops=True)
     model = compile_net(text, policy=policy)
     params, state = model.init(0)
     assert folding.chains(model.net, model.graph.shared) == [("c1", None, None, "r1")]
@@ -115,7 +116,7 @@ def test_convolution_and_relu_fused_under_jit(slope, channels_last):
 def test_folded_program_runs_no_batchnorm():
     """The folded program has no square root (BatchNorm's): c1, its BatchNorm, Scale, bias
     and ReLU are one oneDNN call."""
-    model = compile_net(_text(), policy=EnginePolicy(conv="onednn-all"))
+    model = compile_net(_text(), policy=EnginePolicy(conv="onednn-all", onednn_post_ops=True))
     params, state = model.init(0)
     folded = model.packed(params, _statistics(model, state))
     x = np.zeros((2, 4, 9, 9), np.float32)
@@ -239,7 +240,8 @@ def test_a_folded_forward_exports_and_loads():
     tree's structure serializes, and the loaded program gives the same top."""
     from caffe2jax.runtime.host import startup_cache  # noqa: F401 - NetState's serialization
 
-    model = compile_net(_text(bias=False), policy=EnginePolicy(conv="onednn-all"))
+    policy = EnginePolicy(conv="onednn-all", onednn_post_ops=True)
+    model = compile_net(_text(bias=False), policy=policy)
     params, state = model.init(0)
     folded = model.packed(params, _statistics(model, state))
     x = np.random.default_rng(3).standard_normal((2, 4, 9, 9)).astype(np.float32)
