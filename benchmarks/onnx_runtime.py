@@ -1,18 +1,24 @@
 """onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
 
     python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
-        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked]
+        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded]
 
-GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models) and ResNet-50 (He et al. 2016,
-the published deploy net's layers, built here with NetSpec), random weights (their fillers;
-BatchNorm statistics mean 0, variance 1). Each net is exported with ``caffe2jax.export_onnx``
+GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models), ResNet-50 (He et al. 2016,
+the published deploy net's layers, built here with NetSpec) and YOLOv3 (``--nets yolov3``:
+eric612's Darknet-53 port from ../shared/forks/models, 416×416, its Yolov3DetectionOutput
+timed, its three heads compared), random weights (their fillers; BatchNorm statistics mean 0,
+variance 1). Each net is exported with ``caffe2jax.export_onnx``
 and run by an onnxruntime CPU session at its default options (all graph optimizations, its
 own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's JAX setup, on
-``model.packed(params)`` (oneDNN's weights packed once, as pycaffe's ``Net.forward`` runs it;
-``--peer unpacked`` times that against the same forward on Caffe-layout weights instead).
-Both are timed in one run, in alternating blocks (benchmarks/harness.py: median block, compile
-and session creation apart); the logits are checked to agree first (within 1e-4 of their
-largest magnitude). Prints the markdown table and writes
+``model.packed(params, state)`` (oneDNN's weights packed once, each in-place Convolution →
+BatchNorm → Scale folded into the convolution and a convolution's bias and ReLU run inside its
+oneDNN primitive, as pycaffe's whole-net ``Net.forward`` runs it; ``--peer unpacked`` times
+that against the same forward on Caffe-layout weights, ``--peer unfolded`` against the packed
+forward without folding or fusing). Both are timed in one run, in alternating blocks
+(benchmarks/harness.py: median block, compile and session creation apart); the logits (a
+detector's heads: the bottoms of its last layer) are checked to agree first, within 1e-4 of
+their largest magnitude, and the folded forward with the plain one within 1e-5. Prints the
+markdown table and writes
 ``benchmarks/results/onnx-runtime-<time>.json`` / ``.md``.
 """
 
@@ -33,6 +39,7 @@ from caffe2jax.cli.main import configure_jax  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[2] / "shared/caffe/models"
 GOOGLENET = MODELS / "models/bvlc_googlenet/deploy.prototxt"
+YOLOV3 = MODELS.parent.parent / "forks/models/yolov3_darknet53_eric612.prototxt"
 
 
 def resnet50(path: Path, batch: int) -> Path:
@@ -85,6 +92,16 @@ def weights(model):
     return params, state
 
 
+def _compare(blobs, mine: dict, session, x, name: str) -> float:
+    """The largest gap between caffe2jax's and onnxruntime's ``blobs``, each relative to its
+    largest magnitude (checked below 1e-4)."""
+    theirs = session.run(blobs, {"data": x})
+    gap = max(float(np.abs(mine[b] - t).max() / np.abs(mine[b]).max())
+              for b, t in zip(blobs, theirs))  # fmt: skip
+    assert gap < 1e-4, f"{name}: {blobs} differ by {gap:.2e}"
+    return gap
+
+
 def case(
     name: str,
     prototxt: Path,
@@ -93,38 +110,43 @@ def case(
     calls: int,
     blocks: int,
     peer: str = "onnxruntime",
+    side: int = 224,
+    out: str = "prob",
 ) -> Row:
     import jax
     import onnxruntime as ort
 
     import caffe2jax
 
-    model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, 224, 224)})
+    model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, side, side)})
     params, state = weights(model)
-    logits = model.net.layer(model.net.layers[-1].name).bottom_names[0]  # the Softmax's bottom
+    last = model.net.layer(model.net.layers[-1].name)
+    checks = list(dict.fromkeys(last.bottom_names))  # the logits, or a detector's heads
     start = time.perf_counter()
     onnx_file = caffe2jax.export_onnx(model, params, state, folder / f"{name}.onnx",
-                                      outputs=["prob", logits])  # fmt: skip
+                                      outputs=[out, *checks])  # fmt: skip
     export_s = time.perf_counter() - start
-    x = np.random.default_rng(0).uniform(0, 1, (batch, 3, 224, 224)).astype(np.float32)
-    blob = model.net.blob_names[logits]
-    forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0]["prob"])
-    check = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0][blob])
+    x = np.random.default_rng(0).uniform(0, 1, (batch, 3, side, side)).astype(np.float32)
+    forward = jax.jit(lambda p, s, v: model.apply(p, s, {"data": v})[0][out])
+    check = jax.jit(lambda p, s, v: {b: model.apply(p, s, {"data": v})[0][b] for b in checks})
     params, state, xj = jax.device_put((params, state, x))
-    packed = model.packed(params)  # oneDNN's weights packed once, as Net.forward does
+    packed = model.packed(params, state)  # packed once, BatchNorm folded, as Net.forward
     ours = lambda: forward(packed, state, xj)  # noqa: E731
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    theirs = lambda: session.run(["prob"], {"data": x})[0]  # noqa: E731
-    mine = np.asarray(check(packed, state, xj))
-    assert np.array_equal(mine, np.asarray(check(params, state, xj))), "packing changed a value"
-    other = session.run([logits], {"data": x})[0]
-    gap = np.abs(mine - other).max() / np.abs(mine).max()
-    assert gap < 1e-4, f"{name}: the logits differ by {gap:.2e}"
-    note = f"export {export_s:.1f} s, logits within {gap:.1e}"
-    if peer == "unpacked":  # packing's own effect: the same forward on Caffe-layout weights
-        row = Row(f"{name} b{batch} forward", "caffe2jax unpacked", note=note)
-        return measure(row, ours, lambda: lambda: forward(params, state, xj), calls, blocks)
+    theirs = lambda: session.run([out], {"data": x})[0]  # noqa: E731
+    mine = {b: np.asarray(v) for b, v in check(packed, state, xj).items()}
+    for b, plain in check(params, state, xj).items():
+        gap = np.abs(mine[b] - plain).max() / np.abs(plain).max()
+        assert gap <= 1e-5, f"{name}: folding changed {b} by {gap:.2e}"
+    note = f"export {export_s:.1f} s, {'/'.join(checks)} within " \
+        f"{_compare(checks, mine, session, x, name):.1e}"  # fmt: skip
     row = Row(f"{name} b{batch} forward", "onnxruntime", note=note)
+    if peer == "unpacked":  # packing's own effect: the same forward on Caffe-layout weights
+        row.peer = "caffe2jax unpacked"
+        return measure(row, ours, lambda: lambda: forward(params, state, xj), calls, blocks)
+    if peer == "unfolded":  # folding's own effect: packed weights, BatchNorm and Scale run
+        row.peer, unfolded = "caffe2jax unfolded", model.packed(params)
+        return measure(row, ours, lambda: lambda: forward(unfolded, state, xj), calls, blocks)
     return measure(row, ours, lambda: theirs, calls, blocks)
 
 
@@ -136,20 +158,22 @@ def main() -> None:
     parser.add_argument("--nets", default="googlenet,resnet50", help="comma-separated")
     parser.add_argument(
         "--peer",
-        choices=("onnxruntime", "unpacked"),
+        choices=("onnxruntime", "unpacked", "unfolded"),
         default="onnxruntime",
-        help="unpacked: caffe2jax's forward without packed oneDNN weights",
+        help="unpacked: caffe2jax's forward without packed oneDNN weights or folding; "
+        "unfolded: packed, BatchNorm and Scale not folded into the convolutions",
     )
     args = parser.parse_args()
     configure_jax(compile_cache=False)
     folder = Path(tempfile.mkdtemp(prefix="caffe2jax-onnx-bench-"))
     wanted = args.nets.split(",")
     nets = [
-        ("GoogLeNet", lambda: GOOGLENET),
-        ("ResNet-50", lambda: resnet50(folder / "resnet50.prototxt", args.batch)),
+        ("GoogLeNet", lambda: GOOGLENET, {}),
+        ("ResNet-50", lambda: resnet50(folder / "resnet50.prototxt", args.batch), {}),
+        ("YOLOv3", lambda: YOLOV3, {"side": 416, "out": "detection_out"}),
     ]
-    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer)
-            for n, p in nets if n.lower().replace("-", "") in wanted]  # fmt: skip
+    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer, **kw)
+            for n, p, kw in nets if n.lower().replace("-", "") in wanted]  # fmt: skip
     info = machine()
     import onnxruntime
 
@@ -157,6 +181,8 @@ def main() -> None:
     title = f"onnxruntime {onnxruntime.__version__} on caffe2jax's ONNX export vs caffe2jax"
     if args.peer == "unpacked":
         title = "caffe2jax with oneDNN weights packed once vs unpacked (Caffe layout)"
+    if args.peer == "unfolded":
+        title = "caffe2jax with BatchNorm and Scale folded into the convolutions vs not"
     write("onnx-runtime", title, rows, info, "python benchmarks/onnx_runtime.py " +
           " ".join(sys.argv[1:]))  # fmt: skip
 

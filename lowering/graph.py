@@ -33,6 +33,7 @@ from caffe2jax.frontend.backward import resolve_backward
 from caffe2jax.frontend.errors import InputShapeError, NetError
 from caffe2jax.frontend.splits import insert_splits
 from caffe2jax.lowering import layout
+from caffe2jax.lowering.engines import folding
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.policy import resolve as resolve_policy
 from caffe2jax.lowering.engines.precision import Precision, cast, resolve
@@ -337,6 +338,8 @@ class Graph:
             layout.convert(cast(x if backward.bottoms[i] else lax.stop_gradient(x), step.dtype), to)
             for i, (x, to) in enumerate(zip((env[b] for b in step.bottoms), step.transposes))
         ]
+        if folding.skipped(params.get(layer.name)):  # folded into its Convolution (folding.py)
+            return bottoms
         blobs = [  # a fused chain's step: its later layers' blobs after the first's
             cast(b if self.net.backward[x.name].params[j] else lax.stop_gradient(b), step.dtype)
             for x in (layer, *step.chain)

@@ -19,7 +19,7 @@ from caffe2jax.frontend import ir
 from caffe2jax.frontend.errors import NetError
 from caffe2jax.frontend.pipeline import NetSource, load_net
 from caffe2jax.lowering import python_class
-from caffe2jax.lowering.engines import packing
+from caffe2jax.lowering.engines import folding, packing
 from caffe2jax.lowering.engines.policy import EnginePolicy
 from caffe2jax.lowering.engines.precision import PRECISIONS, Precision
 from caffe2jax.lowering.fillers import host_init
@@ -208,18 +208,23 @@ class Model:
         compiled program (see the class docstring)."""
         return self._program("apply")(params, state, _host_arrays(inputs), rng)
 
-    def packed(self, params: Params) -> Params:
+    def packed(self, params: Params, state: Params | None = None) -> Params:
         """``params`` for :meth:`apply` on inputs of these shapes with each oneDNN
         convolution's weights packed once into oneDNN's format (lowering/engines/packing.py;
-        ONNX Runtime's pre-packed initializers). Forward only: a packed tree has no gradient.
-        A weight is packed again whenever its array object changes; the result is the unpacked
-        forward's, bit for bit. ``params`` unchanged under a policy with ``packed_weights``
-        off."""
-        packer = self.programs.get("packer")
-        if packer is None:
-            keys = onednn_keys(self.graph) if self.policy.packed_weights else {}
-            packer = self.programs["packer"] = packing.Packer(keys)
-        return packer(params)
+        ONNX Runtime's pre-packed initializers) and, given ``state``, each in-place
+        Convolution → BatchNorm → Scale chain folded into the convolution (folding.py). Forward
+        only, for a run of the whole net: a packed tree has no gradient. Redone whenever an
+        array object changes; packing alone leaves the forward bit for bit. Each step is off
+        under a policy without ``packed_weights`` / ``fold_batchnorm`` (``onednn_post_ops``:
+        a chain's bias and ReLU inside its oneDNN call, fused.py)."""
+        if "packer" not in self.programs:
+            keys = vision.onednn_keys(self.graph) if self.policy.packed_weights else {}
+            found = folding.chains(self.net, self.graph.shared) if self.policy.fold_batchnorm \
+                and not self.graph.precision.casts else []  # fmt: skip
+            packer = packing.Packer(keys, self.policy.onednn_post_ops)
+            self.programs["packer"] = (packer, folding.Folder(self.net, found))
+        packer, folder = self.programs["packer"]
+        return packer(params if state is None else folder(params, state))
 
     def loss(
         self,
@@ -315,21 +320,6 @@ class Model:
         shapes (the key of its family)."""
         tops = tuple((bound.name, bottoms, tops) for bound, bottoms, tops in self._python_tops)
         return tuple(sorted(self.inputs.items())), self.upto, tops
-
-
-def onednn_keys(graph: Graph) -> dict[tuple[str, int], bytes]:
-    """Each weight slot a oneDNN Convolution of ``graph`` reads, under its owner, with the
-    geometry key of its primitive (lowering/engines/packing.py; a slot read at several
-    geometries left out)."""
-    net, found = graph.net, []
-    for name, form in graph.engines.items():
-        layer = net.layer(name)
-        if form == "onednn" and layer.type == "Convolution":
-            slot = graph.shared.get((name, 0), (name, 0))
-            shape, weights = net.shapes[layer.bottoms[0]], graph.decls[name][0].shape
-            found.append((slot, vision.onednn_key(layer, shape, weights,
-                                                  name in graph.nhwc_layers)))  # fmt: skip
-    return packing.single(found)
 
 
 def _host_arrays(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -142,7 +142,9 @@ class Runner:
         else:
             returned = frozenset(writes[n] for n in wanted if n in writes) | self._sunk(model)
             run = programs.forward(model, lo, hi, returned)  # oneDNN's weights packed once
-            out, new_state, key, rng = run(model.packed(params), state, env, key)
+            whole = lo == 0 and hi == len(self.structure.layers) - 1  # then BatchNorm folds
+            out, new_state, key, rng = run(model.packed(params, state if whole else None),
+                                           state, env, key)  # fmt: skip
         settle(model.net, out)
         self.compiled.key = key
         self.last = record = Forward(model, lo, hi, params, state, rng, env, out if self.wide

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from caffe2jax.lowering.engines import onednn, packing
+from caffe2jax.lowering.engines import folding, fused, onednn, packing
 
 Ints = Sequence[int]
 
@@ -92,7 +92,14 @@ def convolve(
     form: str, x, w, stride: Ints, pad: Ints, dilation: Ints, group: int, channels_last: bool
 ) -> jax.Array:
     """The convolution of ``x`` with ``w`` (no bias) in ``form`` (see the module docstring);
-    ``w`` may be a forward-only program's :class:`~packing.PackedWeights` (packing.py)."""
+    ``w`` may be a forward-only program's :class:`~packing.PackedWeights` (packing.py), or
+    :class:`~folding.Folded` weights with a BatchNorm and Scale folded in (folding.py)."""
+    if isinstance(w, folding.Folded):
+        if isinstance(w.weights, packing.PackedWeights) and fused.is_fused(w.weights.key):
+            g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
+            return fused.convolve(g, x, w.weights, w.bias, w.relu)
+        y = convolve(form, x, w.weights, stride, pad, dilation, group, channels_last)
+        return folding.epilogue(y, w, channels_last)
     if isinstance(w, packing.PackedWeights):
         if form != "onednn":
             raise ValueError(f"packed weights of {w.slot} reached a {form!r} convolution")

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.engines import onednn
+from caffe2jax.lowering.engines import folding, fused, onednn
 
 Slot = tuple[str, int]  # (layer owning the param, blob index)
 
@@ -83,12 +83,15 @@ class Packer:
     """Packs the weights of a planned net's oneDNN convolutions for its forward-only programs.
 
     ``keys``: (layer, blob) → the geometry key of the oneDNN primitive that reads it (slots
-    read at several geometries left out: :func:`single`). Calling it returns ``params`` with
-    those slots replaced by their :class:`PackedWeights`.
+    read at several geometries left out: :func:`single`); ``post_ops``: a folded chain's
+    weights packed for the primitive that adds its bias and applies its ReLU (fused.py).
+    Calling it returns ``params`` with those slots replaced by their :class:`PackedWeights`.
     """
 
-    def __init__(self, keys: dict[Slot, bytes]):
-        self.keys = dict(keys)
+    def __init__(self, keys: dict[Slot, bytes], post_ops: bool = False):
+        self.keys, self.post_ops = dict(keys), post_ops
+        if self.keys and post_ops:
+            fused.register()  # a loaded forward may call its fused primitives (fused.py)
         self._made: dict[Slot, tuple[Any, PackedWeights]] = {}
 
     def __call__(self, params: dict) -> dict:
@@ -98,11 +101,15 @@ class Packer:
                                  for (n, j), key in self.keys.items()
                                  if n in params and params[n][j] is not None})  # fmt: skip
 
-    def _packed(self, slot: Slot, key: bytes, w: Any) -> PackedWeights:
+    def _packed(self, slot: Slot, key: bytes, w: Any) -> Any:
+        if isinstance(w, folding.Folded):  # the primitive with its bias and ReLU, or the plain
+            k = fused.key(key, w.relu, w.bias is not None) if self.post_ops else key
+            return folding.Folded(self._packed(slot, k, w.weights), w.bias, w.relu)
         made = self._made.get(slot)
-        if made is not None and made[0] is w and isinstance(w, jax.Array):
+        if made is not None and made[0] is w and isinstance(w, jax.Array) and made[1].key == key:
             return made[1]
-        data = jnp.asarray(onednn.primitives(key).pack(np.asarray(w, np.float32)))
+        primitives = fused.primitives(key) if fused.is_fused(key) else onednn.primitives(key)
+        data = jnp.asarray(primitives.pack(np.asarray(w, np.float32)))
         packed = PackedWeights(data, slot, tuple(w.shape), key)
         self._made[slot] = (w, packed)  # holds ``w``: its identity cannot pass to another array
         return packed

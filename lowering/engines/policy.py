@@ -128,6 +128,14 @@ class EnginePolicy:
     # packing.py) instead of reordering them on every call (GoogLeNet b1 forward: 0.81× the
     # unpacked time, docs/performance.md).
     packed_weights: bool = True
+    # ... and, given the state (a whole-net forward), each in-place Convolution → BatchNorm →
+    # Scale chain folded into the convolution's weights and bias (lowering/engines/folding.py;
+    # ONNX Runtime does the same at session creation; ResNet-50: 53 chains).
+    fold_batchnorm: bool = True
+    # ... with a folded chain's bias and ReLU inside its oneDNN primitive (post-ops: lowering/
+    # engines/fused.py). Off: per layer (GoogLeNet's 3×3s, b1, alternating calls, load 6)
+    # oneDNN's post-ops took 1.01–1.03× the plain call plus XLA's elementwise pass.
+    onednn_post_ops: bool = False
     pool: str = "auto"
     channels_last: bool = True
     backend: str | None = None

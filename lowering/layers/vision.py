@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from caffe2jax.frontend import caffe_pb2, ir
-from caffe2jax.lowering.engines import conv_forms, onednn
+from caffe2jax.lowering.engines import conv_forms, folding, onednn, packing
 from caffe2jax.lowering.engines.policy import ConvShape
 from caffe2jax.lowering.registry import Context, ParamDecl, Planning, register
 from caffe2jax.lowering.util import canonical_axis, fail, nchw
@@ -162,8 +162,8 @@ def _batched(x: jax.Array, axis: int, fn) -> jax.Array:
 
 def _add_bias(layer: ir.Layer, y: jax.Array, params, axis: int) -> jax.Array:
     """``y`` plus the bias blob along its channel ``axis``."""
-    if not layer.param.convolution_param.bias_term:
-        return y
+    if not layer.param.convolution_param.bias_term or folding.skipped(params[1]):
+        return y  # no bias, or a forward-only program's folded bias (engines/folding.py)
     return y + params[1].reshape((-1,) + (1,) * (y.ndim - axis - 1))
 
 
@@ -231,6 +231,20 @@ def onednn_key(layer: ir.Layer, shape: Shape, weights: Shape, channels_last: boo
     group = layer.param.convolution_param.group
     return onednn.Geometry(x, tuple(weights), g.stride, g.pad, g.dilation, group,
                            channels_last).key()  # fmt: skip
+
+
+def onednn_keys(graph) -> dict[tuple[str, int], bytes]:
+    """Each weight slot a oneDNN Convolution of ``graph`` (a planned Graph) reads, under its
+    owner, with the geometry key of its primitive (lowering/engines/packing.py; a slot read at
+    several geometries left out)."""
+    net, found = graph.net, []
+    for name, form in graph.engines.items():
+        layer = net.layer(name)
+        if form == "onednn" and layer.type == "Convolution":
+            slot = graph.shared.get((name, 0), (name, 0))
+            shape, weights = net.shapes[layer.bottoms[0]], graph.decls[name][0].shape
+            found.append((slot, onednn_key(layer, shape, weights, name in graph.nhwc_layers)))
+    return packing.single(found)
 
 
 def _transposed_kernel(weight: jax.Array, group: int) -> jax.Array:

@@ -46,10 +46,11 @@ from caffe2jax.runtime.host import compile_cache, first_run
 
 log = logging.getLogger("caffe2jax.startup")
 
-# the oneDNN convolutions' custom calls (lowering/engines/onednn.py), registered by the engine
-# policy when a net is planned, in the process that loads the program too
+# the oneDNN convolutions' custom calls (lowering/engines/onednn.py, fused.py), registered by
+# the engine policy when a net is planned, in the process that loads the program too
 _FOREIGN_CALLS = [jax.export.DisabledSafetyCheck.custom_call(f"caffe2jax_onednn_{kind}")
-                  for kind in ("fwd", "fwd_packed", "bwd_data", "bwd_weights")]  # fmt: skip
+                  for kind in ("fwd", "fwd_packed", "fused", "bwd_data",
+                               "bwd_weights")]  # fmt: skip
 with contextlib.suppress(ValueError):  # a state's tree, in a serialized program's signature
     jax.export.register_pytree_node_serialization(
         NetState, serialized_name="caffe2jax.NetState",

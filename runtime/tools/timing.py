@@ -151,7 +151,7 @@ def time_net(model: Model, inputs: dict[str, Any], iterations: int, *, per_layer
         blobs = model.apply(p, s, x, key)[0]
         return {name: blobs[name] for name in model.outputs}
 
-    packed = model.packed(params)  # a deploy forward's oneDNN weights packed once
+    packed = model.packed(params, state)  # oneDNN weights packed once, BatchNorm folded
     fwd, out.trace_forward_s, out.compile_forward_s = compiled(outputs, packed, state, inputs)
     with metadata_keyed(profile is not None):  # the profile reads the ops' scopes
         fb, out.trace_forward_backward_s, out.compile_forward_backward_s = compiled(
