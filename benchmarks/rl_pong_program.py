@@ -1,13 +1,17 @@
 """Pong training with the emulators stepped inside the compiled rollout (``ale_rollout:
-"program"``) against the per-step calls (``"steps"``), the NumPy pg-pong loop and the
-emulators alone: frames/s, alternating rounds, medians (issue 39 item 4).
+"ffi"``: ale-py's XLA custom calls; ``"program"``: io_callbacks) against the per-step calls
+(``"steps"``), the NumPy pg-pong loop and the emulators alone: frames/s, alternating rounds,
+medians (issue 39 item 4).
 
     python benchmarks/rl_pong_program.py                 # 8 emulators, batches of 10, 3 rounds
     python benchmarks/rl_pong_program.py --n 8 --batch 10 --rounds 5 --chunk 256
 
 Each round times, in turn:
 
-* program: ``PolicyGradientTrainer.train_batch`` with ``ale_rollout: "program"``
+* ffi: ``PolicyGradientTrainer.train_batch`` with ``ale_rollout: "ffi"``
+  (runtime/rl/ale_ffi.py): the same chunks with ale-py's vector env stepped and reset by its
+  XLA FFI custom calls, the lanes' bookkeeping and sticky actions on the device;
+* program: the same with ``ale_rollout: "program"``
   (runtime/rl/ale_program.py): the batch's episodes as XLA calls of ``rollout_chunk`` agent
   steps, each a ``lax.scan`` whose step preprocesses, runs the policy, draws the actions and
   steps ale-py's vector env through an ordered ``io_callback``; then the rule and RMSProp;
@@ -17,7 +21,7 @@ Each round times, in turn:
 * NumPy pg-pong: benchmarks/rl_pong.py's NumpyPong (Karpathy's loop batched over the same
   emulators, one OpenBLAS thread);
 * emulators alone: the same emulators with random actions and nothing else (the ceiling),
-  for as long as the program side took.
+  for as long as the ffi side took.
 
 Compilation is done before the rounds (one batch of each side, the update for the likely
 length buckets). Frames are emulator frames (agent steps × 4).
@@ -99,19 +103,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=1024, help="rollout_chunk (agent steps)")
     a = ap.parse_args()
+    ffi = Side(trainer(a.n, a.batch, "ffi", a.chunk))
     program = Side(trainer(a.n, a.batch, "program", a.chunk))
     steps = Side(trainer(a.n, a.batch, "steps", a.chunk))
-    plain = program.t.config.ale_settings()
+    plain = ffi.t.config.ale_settings()
     settings = type(plain)(**{**plain.__dict__, "overlap": False})
     seconds = [10.0]
-    sides = {"program": program, "steps": steps, "NumPy pg-pong": numpy_side(settings, a.batch),
+    sides = {"ffi": ffi, "program": program, "steps": steps,
+             "NumPy pg-pong": numpy_side(settings, a.batch),
              "emulators alone": emulators_side(settings, seconds)}  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name in sides}
     loads = [os.getloadavg()[0]]
     for _ in range(a.rounds):
         for name, side in sides.items():
             frames, took = side()
-            if name == "program":
+            if name == "ffi":
                 seconds.append(took)
             rates[name].append(frames / took)
         loads.append(os.getloadavg()[0])
@@ -124,7 +130,8 @@ def main() -> None:
         print(f"{name:16s} {med[name]:8,.0f} frames/s (rounds: {cells}); "
               f"{med[name] / med['NumPy pg-pong']:.2f}x NumPy, "
               f"{med[name] / med['emulators alone']:.2f}x the emulators alone")  # fmt: skip
-    print(f"program / steps: {med['program'] / med['steps']:.2f}x")
+    for a_, b_ in (("ffi", "steps"), ("ffi", "program"), ("program", "steps")):
+        print(f"{a_} / {b_}: {med[a_] / med[b_]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.rl import ale_loop, host_loop, learners, rule
 from caffe2jax.runtime.rl import config as rl_config
+from caffe2jax.runtime.rl.ale_ffi import AleFfi
 from caffe2jax.runtime.rl.ale_program import AleProgram
 from caffe2jax.runtime.rl.driver import EnvDriver
 from caffe2jax.runtime.rl.jax_loop import JaxLoop
@@ -137,6 +138,8 @@ class PolicyGradientTrainer:
         environment's one program (:mod:`.driver`)."""
         if self.host is not None:
             return host_loop.HostLoop(self)
+        if self.ale is not None and self.config.ale_rollout == "ffi":
+            return AleFfi(self)
         if self.ale is not None and self.config.ale_rollout == "program":
             return AleProgram(self)
         if self.ale is not None:

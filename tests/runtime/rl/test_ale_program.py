@@ -137,5 +137,6 @@ def test_the_solver_and_the_cli_name_the_setting(tmp_path):
 
 
 def test_a_bad_setting_fails_with_one_line():
-    with pytest.raises(RLError, match="ale_rollout must be one of 'program', 'steps', got 'xla'"):
+    message = "ale_rollout must be one of 'ffi', 'program', 'steps', got 'xla'"
+    with pytest.raises(RLError, match=message):
         PolicyGradientTrainer(KARPATHY, seed=0, ale_rollout="xla")

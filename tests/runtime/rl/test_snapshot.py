@@ -168,14 +168,16 @@ def test_pong_ppo_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_pong_in_program_resumes_exactly(tmp_path):
-    """``ale_rollout: "program"`` (the emulators stepped inside the compiled rollout, chunks
-    of 16 agent steps crossing the 30-step horizon) on 2 emulators, 2 episodes a batch:
+@pytest.mark.parametrize("rollout", ["program", "ffi"])
+def test_pong_in_program_resumes_exactly(tmp_path, rollout):
+    """``ale_rollout: "program"`` and ``"ffi"`` (the emulators stepped inside the compiled
+    rollout through io_callbacks or ale-py's custom calls, chunks of 16 agent steps crossing
+    the 30-step horizon) on 2 emulators, 2 episodes a batch:
     snapshotted after one batch and resumed, the run plays the same episodes and ends with the
     params, RMSProp history, iter and PRNG key of the uninterrupted run."""
     options = {"batch_size": 2, "num_envs": 2, "horizon": 30, "rollout_chunk": 16}
     solver = EXAMPLES / "pong_karpathy_solver.prototxt"
-    t = PolicyGradientTrainer(solver, seed=6, ale_rollout="program", **options)
+    t = PolicyGradientTrainer(solver, seed=6, ale_rollout=rollout, **options)
     whole = t.run(episodes=4)
     part = t.run(episodes=2)
     write_snapshot(t, part, str(tmp_path / "p"))
