@@ -44,10 +44,9 @@ def add(sub: Subparsers) -> None:
     p.add_argument("--gpu", help="split each batch of episodes over devices: 'all' or ids 0,1")
     p.add_argument(
         "--ale-rollout",
-        choices=("ffi", "program", "steps"),
-        help="Atari: emulators stepped inside the compiled rollout (ffi: ale-py's XLA custom "
-        "calls; program: io_callbacks) or between per-step calls (steps); default: rl_param "
-        "ale_rollout",
+        choices=("program", "steps"),
+        help="Atari: emulators stepped inside the compiled rollout (program) or between "
+        "per-step calls (steps); default: rl_param ale_rollout",
     )
     p.add_argument("--plot", metavar="PNG", help="write a plot of the returns (matplotlib)")
     p.add_argument("--every", type=int, default=100, help="progress line every N episodes")

@@ -1,6 +1,7 @@
 """Atari batches as compiled programs whose emulators are XLA custom calls (ale-py's FFI).
 
-``rl_param { ale_rollout: "ffi" }`` plays the batch of :mod:`.ale_program` — the same episodes,
+``rl_param { ale_rollout: "program" }`` (with an ale-py that exports the custom calls, ≥ 0.12;
+:func:`available`) plays the batch of :mod:`.ale_program` — the same episodes,
 actions, rewards and stored inputs as the per-step loop (:mod:`.ale_loop`), hence the same
 update (tested) — with no Python on the step path: ale-py (≥ 0.12) exports its vector env's
 step and reset as XLA FFI targets (``atari_vector_xla_step`` / ``atari_vector_xla_reset``,
@@ -25,7 +26,8 @@ The emulators are one ``AtariVectorEnv`` of all ``num_envs`` lanes with the sett
 wrappers; the custom calls step and reset the vectorizer as ``send``/``recv``/``reset`` do —
 tested equal on every step). The overlap groups of :class:`.ale_env.AleEnvs` still define the
 action draws (group ``g`` draws with ``fold_in(fold_in(key, step), g)``), so the actions are
-the loop's; the emulators of all lanes step in one call.
+the loop's; the emulators of all lanes step in one call. The custom calls are CPU targets, so
+the rollout runs on the CPU device whatever the default device is (the update does not).
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ if TYPE_CHECKING:
 STEP, RESET = "atari_vector_xla_step", "atari_vector_xla_reset"
 _registered: list[bool] = []
 HANDLE = jax.ShapeDtypeStruct((8,), jnp.uint8)  # the vectorizer's address
+
+
+def available() -> bool:
+    """Whether the installed ale-py exports its vector env's XLA custom calls."""
+    try:
+        import ale_py
+    except ImportError:
+        return False
+    return hasattr(ale_py._ale_py, "VectorXLAStep") and hasattr(ale_py._ale_py, "VectorXLAReset")
 
 
 def register() -> None:
@@ -238,11 +249,14 @@ class AleFfi(AleProgram):
     def play(self, params: Any, state: Any, key: jax.Array, first: int, count: int) -> tuple:
         """Episodes ``first .. first + count - 1``: ``(played, (stored x, probs, actions,
         rewards))``, every chunk's steps concatenated in time."""
-        cfg = self.trainer.config
-        table = jnp.asarray(sticky_table(self.trainer.ale, cfg.seed, first, count, self.horizon))
-        carry, chunks, horizon = self.carry(first, count), [], jnp.int32(self.horizon)
-        while bool(carry.live):
-            carry, out = self.chunk(params, state, key, table, horizon, carry)
-            chunks.append(jax.device_get(out))
+        cfg, cpu = self.trainer.config, jax.devices("cpu")[0]
+        params, state, key = jax.device_put((params, state, key), cpu)
+        with jax.default_device(cpu):  # the custom calls' platform
+            table = sticky_table(self.trainer.ale, cfg.seed, first, count, self.horizon)
+            carry, chunks, horizon = self.carry(first, count), [], jnp.int32(self.horizon)
+            table = jnp.asarray(table)
+            while bool(carry.live):
+                carry, out = self.chunk(params, state, key, table, horizon, carry)
+                chunks.append(jax.device_get(out))
         stored, probs, actions, rewards, played = (np.concatenate(p) for p in zip(*chunks))
         return played, (stored, probs, actions, rewards)

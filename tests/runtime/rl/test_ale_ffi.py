@@ -82,7 +82,7 @@ def test_the_sticky_table_holds_the_per_step_draws():
 @pytest.fixture(scope="module")
 def pair() -> tuple[PolicyGradientTrainer, PolicyGradientTrainer]:
     steps = PolicyGradientTrainer(KARPATHY, **OPTIONS)
-    ffi = PolicyGradientTrainer(KARPATHY, ale_rollout="ffi", **OPTIONS)
+    ffi = PolicyGradientTrainer(KARPATHY, ale_rollout="program", **OPTIONS)
     ffi.learn = steps.learn  # one compilation of the update (the same net and solver)
     return steps, ffi
 
