@@ -17,7 +17,7 @@ try:
 except ImportError as err:  # the [dev] and [atari] extras install it: missing is a failure
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
-from caffe2jax.runtime.rl import ale_ffi, pixels
+from caffe2jax.runtime.rl import ale_ffi, ale_loop, ale_program, pixels
 from caffe2jax.runtime.rl.ale_env import AleEnvs, AleSettings, sticky_generator
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
 
@@ -132,3 +132,19 @@ def test_lanes_restart_inside_a_chunk_and_idle_after_the_last_episode(pair):
     assert not x[10, 0].any()  # episode 2's first input: zero
     assert x[11:20, 0].any()  # then the differences of its frames
     assert x.shape[-1] == pixels.SIZE * pixels.SIZE // 8  # bit planes
+
+
+def test_without_stickiness_one_call_per_step_plays_the_loops_episodes():
+    """``repeat_action_probability: 0`` (the emulators skip the frames themselves: one custom
+    call per agent step) on 3 emulators (overlap groups of 2 and 1), 4 episodes in chunks of
+    16 steps: the loop's trajectory bit for bit."""
+    options = {**OPTIONS, "num_envs": 3, "batch_size": 4, "horizon": 40, "rollout_chunk": 16}
+    options["repeat_action_probability"] = 0.0
+    steps = PolicyGradientTrainer(KARPATHY, **options)
+    ffi = PolicyGradientTrainer(KARPATHY, ale_rollout="program", **options)
+    ts = steps.init()
+    want = ale_loop.trajectory(steps.driver.play(ts.params, ts.state, ts.key, 0, 4), 1)
+    got = ale_program.trajectory(*ffi.driver.play(ts.params, ts.state, ts.key, 0, 4), 4)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.asarray(want.mask).sum(0).tolist() == [40] * 4
