@@ -231,10 +231,8 @@ class AleFfi(AleProgram):
         self.trainer, self.horizon = trainer, cfg.horizon or 0
         self.emu = Emulators(trainer.ale)
         self.chunk = jax.jit(chunk_fn(trainer, self.emu, cfg.rollout_chunk))
-        everyone = jnp.arange(n, dtype=jnp.int32)
-        self.begin = jax.jit(
-            lambda h: self.emu.reset(h, everyone >= 0, jnp.zeros((n, 80, 80), jnp.uint8))
-        )
+        blank = np.zeros((n, pixels.SIZE, pixels.SIZE), np.uint8)
+        self.begin = jax.jit(lambda h: self.emu.reset(h, np.ones(n, np.bool_), blank))
 
     def carry(self, first: int, count: int) -> Carry:
         """Every lane reset onto the batch's first episodes, in lane order."""
