@@ -105,7 +105,7 @@ class AleSettings:
         return (pixels.SIZE, pixels.SIZE)
 
 
-def _vector_env(s: AleSettings, n: int) -> Any:
+def vector_env(s: AleSettings, n: int) -> Any:
     """ale-py's vector env with ALE's own stickiness off (see the module docstring) and, when
     stickiness is on, one frame per step (the frame skip is then played here)."""
     _, vector = _import_ale()
@@ -128,7 +128,7 @@ class AleEnvs:
         self.settings = settings
         n = settings.num_envs
         sizes = [n - n // 2, n // 2] if settings.overlap and n >= 2 else [n]
-        self.groups = [_vector_env(settings, k) for k in sizes]
+        self.groups = [vector_env(settings, k) for k in sizes]
         self.slices = [slice(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
         self.action_set = [a.name for a in self.groups[0].ale.get_action_set()]
         names = settings.actions or tuple(self.action_set)

@@ -1,6 +1,7 @@
 """Atari batches as compiled programs: the emulators stepped from inside the rollout.
 
-``rl_param { ale_rollout: "program" }`` (or ``--ale-rollout program``) plays a batch of Atari
+``rl_param { ale_rollout: "program" }`` (or ``--ale-rollout program``) with an ale-py that
+exports no XLA custom calls (:mod:`.ale_ffi` runs it otherwise) plays a batch of Atari
 episodes as a chain of XLA calls of ``rollout_chunk`` agent steps each: one ``jax.jit`` of a
 ``lax.scan`` whose step preprocesses every lane's screen (:mod:`.pixels`), runs the policy,
 draws the actions and steps ale-py's vector env through an ordered

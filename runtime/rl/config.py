@@ -34,7 +34,9 @@ Atari (``env: "ALE/<Game>-v5"``, :mod:`.ale_env`): ``num_envs`` (1) emulators at
 minimal action set), ``preprocess`` (true: Karpathy's Pong preprocessing, :mod:`.pixels`),
 ``overlap`` (true), ``env_threads`` (0: one per core), ``ale_rollout`` ("steps": one jitted
 call per agent step, :mod:`.ale_loop`; "program": the emulators stepped inside compiled
-rollouts of ``rollout_chunk`` agent steps, :mod:`.ale_program`; the same episodes either way);
+rollouts of ``rollout_chunk`` agent steps as ale-py's XLA custom calls, :mod:`.ale_ffi` — or,
+with an ale-py that has none, through io_callbacks, :mod:`.ale_program`; the same episodes
+every way);
 ``difference_input`` is on unless set (Karpathy's and MyCaffe's ``cur - prev``).
 
 ``horizon`` truncates episodes; capped envs use their cap as the static scan length. With no
@@ -58,7 +60,7 @@ from caffe2jax.runtime.rl.rollout import RESET_MODES
 from caffe2jax.runtime.rl.update import UpdateSettings
 from caffe2jax.runtime.rl.update import from_proto as update_settings
 
-ALE_ROLLOUTS = ("program", "steps")  # ale_program.AleProgram, ale_loop.AleLoop
+ALE_ROLLOUTS = ("program", "steps")  # ale_ffi.AleFfi (or ale_program.AleProgram), AleLoop
 UNCAPPED_TARGET = 950.0  # the default target of an env with no step cap (95% of 1000)
 # Gymnasium's reward_threshold of the same environments
 GYMNAX_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}

@@ -34,6 +34,8 @@ from caffe2jax.lowering.model import Model
 from caffe2jax.lowering.model import compile as compile_net
 from caffe2jax.runtime.rl import ale_loop, host_loop, learners, rule
 from caffe2jax.runtime.rl import config as rl_config
+from caffe2jax.runtime.rl.ale_ffi import AleFfi
+from caffe2jax.runtime.rl.ale_ffi import available as ale_ffi_available
 from caffe2jax.runtime.rl.ale_program import AleProgram
 from caffe2jax.runtime.rl.driver import EnvDriver
 from caffe2jax.runtime.rl.jax_loop import JaxLoop
@@ -138,7 +140,7 @@ class PolicyGradientTrainer:
         if self.host is not None:
             return host_loop.HostLoop(self)
         if self.ale is not None and self.config.ale_rollout == "program":
-            return AleProgram(self)
+            return AleFfi(self) if ale_ffi_available() else AleProgram(self)
         if self.ale is not None:
             return ale_loop.AleLoop(self)
         return JaxLoop(self, self.mesh)

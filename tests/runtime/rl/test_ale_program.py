@@ -16,7 +16,8 @@ try:
 except ImportError as err:  # the [dev] and [atari] extras install it: missing is a failure
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
-from caffe2jax.runtime.rl import ale_eval, ale_loop, ale_program
+from caffe2jax.runtime.rl import ale_eval, ale_ffi, ale_loop, ale_program
+from caffe2jax.runtime.rl import trainer as trainer_module
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
 
@@ -31,6 +32,8 @@ OPTIONS = {"seed": 4, "batch_size": 3, "num_envs": 2, "horizon": 90, "rollout_ch
 def pair() -> tuple[PolicyGradientTrainer, PolicyGradientTrainer]:
     steps = PolicyGradientTrainer(KARPATHY, **OPTIONS)
     program = PolicyGradientTrainer(KARPATHY, ale_rollout="program", **OPTIONS)
+    assert isinstance(program.driver, ale_ffi.AleFfi)  # ale-py 0.12 has the custom calls
+    program.driver = ale_program.AleProgram(program)  # the io_callback program (no custom calls)
     # one compilation of the update for both (the same learn_fn of the same net and solver;
     # test_snapshot.py's resume runs the program trainer's own)
     program.learn = steps.learn
@@ -43,11 +46,15 @@ def _leaves(ts) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_the_setting_picks_the_driver(pair):
+def test_the_setting_picks_the_driver(pair, monkeypatch):
+    """``"program"``: ale-py's custom calls where it has them (:mod:`.ale_ffi`), else the
+    io_callbacks; ``"steps"``: the per-step loop."""
     steps, program = pair
     assert steps.config.ale_rollout == "steps" and isinstance(steps.driver, ale_loop.AleLoop)
-    assert isinstance(program.driver, ale_program.AleProgram)
     assert len(program.ale.groups) == 2  # overlap's groups: each draws with its own key
+    monkeypatch.setattr(trainer_module, "ale_ffi_available", lambda: False)
+    older = PolicyGradientTrainer(KARPATHY, ale_rollout="program", **OPTIONS)
+    assert type(older.driver) is ale_program.AleProgram
 
 
 def test_the_program_plays_the_loops_episodes_and_update(pair, monkeypatch):

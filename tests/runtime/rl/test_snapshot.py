@@ -21,6 +21,7 @@ except ImportError as err:  # the [dev] and [atari] extras install it: missing i
     raise ImportError("ale-py is missing: pip install -e '.[dev]' (or 'caffe2jax[atari]')") from err
 
 from caffe2jax.runtime.formats.snapshot import parse_record, resume_path
+from caffe2jax.runtime.rl.ale_program import AleProgram
 from caffe2jax.runtime.rl.policy import RLError
 from caffe2jax.runtime.rl.snapshot import read_snapshot, write_snapshot
 from caffe2jax.runtime.rl.trainer import PolicyGradientTrainer
@@ -168,14 +169,18 @@ def test_pong_ppo_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_pong_in_program_resumes_exactly(tmp_path):
-    """``ale_rollout: "program"`` (the emulators stepped inside the compiled rollout, chunks
-    of 16 agent steps crossing the 30-step horizon) on 2 emulators, 2 episodes a batch:
+@pytest.mark.parametrize("callbacks", [False, True])
+def test_pong_in_program_resumes_exactly(tmp_path, callbacks):
+    """``ale_rollout: "program"`` (the emulators stepped inside the compiled rollout as
+    ale-py's custom calls, or through io_callbacks; chunks of 16 agent steps crossing the
+    30-step horizon) on 2 emulators, 2 episodes a batch:
     snapshotted after one batch and resumed, the run plays the same episodes and ends with the
     params, RMSProp history, iter and PRNG key of the uninterrupted run."""
     options = {"batch_size": 2, "num_envs": 2, "horizon": 30, "rollout_chunk": 16}
     solver = EXAMPLES / "pong_karpathy_solver.prototxt"
     t = PolicyGradientTrainer(solver, seed=6, ale_rollout="program", **options)
+    if callbacks:
+        t.driver = AleProgram(t)
     whole = t.run(episodes=4)
     part = t.run(episodes=2)
     write_snapshot(t, part, str(tmp_path / "p"))
