@@ -3,7 +3,7 @@
 built-in Faster R-CNN layers, through the CLI, then evaluate it (VOC AP at IoU 0.5).
 
     python examples/detection/frcnn_train.py WORKDIR [--iters 2000] [--size 128] [--count 48]
-        [--snapshot 100] [--resume-check] [--tiny]
+        [--snapshot 100] [--resume-check] [--tiny [--seed 5]]
 
 The net is read from ``../shared/forks/models/faster_rcnn_vgg16_train.prototxt`` (never copied
 into the repository) and rewritten only in data paths and sizes:
@@ -173,10 +173,11 @@ def resume_check(work: Path, size: int) -> bool:
                for x, y in zip(la.blobs, lb.blobs))  # fmt: skip
 
 
-def tiny(work: Path, iters: int = 2000) -> None:
+def tiny(work: Path, iters: int = 2000, seed: int = 5) -> None:
     """The small net of frcnn_tiny_net.py (64×64 images, 48 of them), same built-in
-    layers, base_lr 0.01 (×0.1 after 3/4 of the iterations), iter_size 2, through the CLI;
-    evaluated like the VGG16 run."""
+    layers, base_lr 0.01 (×0.1 after 3/4 of the iterations), iter_size 2, the solver's
+    ``random_seed`` = ``seed`` (fillers and sampling), through the CLI; evaluated like the
+    VGG16 run."""
     from examples.detection.frcnn_eval import evaluate
     from examples.detection.frcnn_tiny_net import net_text
 
@@ -190,7 +191,7 @@ def tiny(work: Path, iters: int = 2000) -> None:
         f'train_net: "{net.resolve()}"\nbase_lr: 0.01\nlr_policy: "step"\ngamma: 0.1\n'
         f"stepsize: {iters * 3 // 4}\ndisplay: 100\naverage_loss: 50\nmomentum: 0.9\n"
         f'weight_decay: 0.0005\nsnapshot: {iters // 4}\nsnapshot_prefix: "{prefix}"\n'
-        f"iter_size: 2\nmax_iter: {iters}\nrandom_seed: 5\n"
+        f"iter_size: 2\nmax_iter: {iters}\nrandom_seed: {seed}\n"
     )
     start = time.time()
     log = cli("train", "--solver", work / "solver.prototxt", "--force", cwd=work)
@@ -213,9 +214,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=48)
     parser.add_argument("--resume-check", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="frcnn_tiny_net.py's net")
+    parser.add_argument("--seed", type=int, default=5, help="--tiny's solver random_seed")
     args = parser.parse_args()
     if args.tiny:
-        tiny(args.work / "tiny", args.iters)
+        tiny(args.work / "tiny", args.iters, args.seed)
         return
     if args.resume_check:
         print("resume exact:", resume_check(args.work / "resume", args.size))
