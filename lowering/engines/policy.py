@@ -130,8 +130,11 @@ class EnginePolicy:
     packed_weights: bool = True
     # ... and, given the state (a whole-net forward), each in-place Convolution → BatchNorm →
     # Scale chain folded into the convolution's weights and bias (lowering/engines/folding.py;
-    # ONNX Runtime does the same at session creation; ResNet-50: 53 chains).
-    fold_batchnorm: bool = True
+    # ONNX Runtime does the same at session creation; ResNet-50: 53 chains). Off: it changes
+    # Caffe's rounding (tops within 1e-5, no longer bit-identical to the unfolded forward) for
+    # no measured gain (ResNet-50 b1 quiet, load 1: folded 82.3 ms vs unfolded 80.2 ms; XLA
+    # already fuses BatchNorm + Scale + ReLU into one pass after each convolution).
+    fold_batchnorm: bool = False
     # ... with a folded chain's bias and ReLU inside its oneDNN primitive (post-ops: lowering/
     # engines/fused.py). Off: per layer (GoogLeNet's 3×3s, b1, alternating calls, load 6)
     # oneDNN's post-ops took 1.01–1.03× the plain call plus XLA's elementwise pass.

@@ -61,10 +61,12 @@ def _close(got, want):
 @pytest.mark.parametrize(
     "policy",
     [
-        EnginePolicy(conv="onednn-all"),
-        EnginePolicy(conv="onednn-all", onednn_post_ops=True),
-        EnginePolicy(conv="onednn-all", channels_last=False, onednn_post_ops=True),
-        EnginePolicy(conv="xla"),
+        EnginePolicy(fold_batchnorm=True, conv="onednn-all"),
+        EnginePolicy(fold_batchnorm=True, conv="onednn-all", onednn_post_ops=True),
+        EnginePolicy(
+            fold_batchnorm=True, conv="onednn-all", channels_last=False, onednn_post_ops=True
+        ),
+        EnginePolicy(fold_batchnorm=True, conv="xla"),
     ],  # fmt: skip
     ids=["onednn-nhwc", "post-ops-nhwc", "post-ops-nchw", "xla"],
 )
@@ -99,7 +101,9 @@ def test_convolution_and_relu_fused_under_jit(slope, channels_last):
     head, _, tail = text.partition('layer { name: "bn"')
     text = head + tail[tail.index('layer { name: "r1"') :]
     text = text.replace('top: "y" }', f'top: "y" relu_param {{ negative_slope: {slope} }} }}')
-    policy = EnginePolicy(conv="onednn-all", channels_last=channels_last, onednn_post_ops=True)
+    policy = EnginePolicy(
+        fold_batchnorm=True, conv="onednn-all", channels_last=channels_last, onednn_post_ops=True
+    )
     model = compile_net(text, policy=policy)
     params, state = model.init(0)
     assert folding.chains(model.net, model.graph.shared) == [("c1", None, None, "r1")]
@@ -116,7 +120,9 @@ def test_convolution_and_relu_fused_under_jit(slope, channels_last):
 def test_folded_program_runs_no_batchnorm():
     """The folded program has no square root (BatchNorm's): c1, its BatchNorm, Scale, bias
     and ReLU are one oneDNN call."""
-    model = compile_net(_text(), policy=EnginePolicy(conv="onednn-all", onednn_post_ops=True))
+    model = compile_net(
+        _text(), policy=EnginePolicy(fold_batchnorm=True, conv="onednn-all", onednn_post_ops=True)
+    )
     params, state = model.init(0)
     folded = model.packed(params, _statistics(model, state))
     x = np.zeros((2, 4, 9, 9), np.float32)
@@ -164,7 +170,7 @@ def test_the_policy_turns_folding_off():
 
 
 def test_folded_again_whenever_an_array_changes():
-    model = compile_net(_text(), policy=EnginePolicy(conv="xla"))
+    model = compile_net(_text(), policy=EnginePolicy(fold_batchnorm=True, conv="xla"))
     params, state = model.init(0)
     params, state = jax.tree.map(jnp.asarray, params), _statistics(model, state)
     first = model.packed(params, state)["c1"]
@@ -188,6 +194,9 @@ def test_pycaffe_forward_sees_what_a_script_writes(tmp_path, monkeypatch):
     or not — changes the next forward to the unfolded net's result on the new values (1e-5);
     a forward that ends inside the chain does not fold (its top is the convolution's)."""
     monkeypatch.setenv("CAFFE2JAX_CPU_CONV", "onednn-all")
+    from_env = EnginePolicy.from_env.__func__  # folding is off by default (policy.py): on here
+    folded = classmethod(lambda cls, *a, **k: from_env(cls, *a, **{"fold_batchnorm": True, **k}))
+    monkeypatch.setattr(EnginePolicy, "from_env", folded)
     calls, fold = [], folding.Folder.__call__
     monkeypatch.setattr(folding.Folder, "__call__",
                         lambda self, p, s: calls.append(fold(self, p, s)) or calls[-1])  # fmt: skip
@@ -240,7 +249,7 @@ def test_a_folded_forward_exports_and_loads():
     tree's structure serializes, and the loaded program gives the same top."""
     from caffe2jax.runtime.host import startup_cache  # noqa: F401 - NetState's serialization
 
-    policy = EnginePolicy(conv="onednn-all", onednn_post_ops=True)
+    policy = EnginePolicy(fold_batchnorm=True, conv="onednn-all", onednn_post_ops=True)
     model = compile_net(_text(bias=False), policy=policy)
     params, state = model.init(0)
     folded = model.packed(params, _statistics(model, state))
