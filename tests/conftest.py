@@ -33,8 +33,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``heavy`` (minutes each on 2 cores: longer than the CI budget allows) run
-    only when asked for (``pytest -m heavy``); otherwise they are deselected, and pytest's
-    summary line counts them ("N deselected")."""
+    only when asked for (``pytest -m heavy``); otherwise they are deselected (a run without
+    xdist counts them, "N deselected"; ``pytest --co -q -m heavy`` lists them)."""
     if "heavy" in (config.getoption("markexpr") or ""):
         return
     heavy = [item for item in items if item.get_closest_marker("heavy")]
