@@ -1,7 +1,7 @@
 """SegNet-basic (SegNet-Tutorial's segnet_basic_train.prototxt) training step: caffe2jax vs a
 hand-written PyTorch equivalent, in one run.
 
-    python benchmarks/segnet_train.py [--batch 4 --height 72 --width 96]
+    python benchmarks/segnet_train.py [--batch 4 --height 72 --width 96] [--without FIELD]
 
 caffe2jax compiles the tutorial's train prototxt unchanged (11 classes, CamVid's class
 weights; the DenseImageData tops fed as inputs) with its solver values (SGD, lr 0.1, momentum
@@ -31,13 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SEGNET = ROOT.parent / "shared" / "forks" / "models" / "segnet_basic_train.prototxt"
 
 
-def caffe2jax_step(batch: int, h: int, w: int):
+def caffe2jax_step(batch: int, h: int, w: int, **policy_fields):
+    """The jitted train step; ``policy_fields`` override the engine policy's defaults."""
     from caffe2jax.frontend import caffe_pb2
+    from caffe2jax.lowering.engines.policy import EnginePolicy
     from caffe2jax.lowering.model import compile as compile_net
     from caffe2jax.runtime.train.step import Trainer
 
     shapes = {"data": (batch, 3, h, w), "label": (batch, 1, h, w)}
-    model = compile_net(SEGNET, "TRAIN", input_shapes=shapes)
+    policy = EnginePolicy.from_env(**policy_fields)
+    model = compile_net(SEGNET, "TRAIN", input_shapes=shapes, policy=policy)
     solver = caffe_pb2.SolverParameter(
         base_lr=0.1, momentum=0.9, weight_decay=5e-4, lr_policy="fixed"
     )
@@ -120,6 +123,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=96)
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per runner")
+    p.add_argument("--without", action="append", default=[], metavar="FIELD",
+                   help="also time caffe2jax with this EnginePolicy field off (A/B), e.g. "
+                        "onednn_blocked_weight_grads")  # fmt: skip
     a = p.parse_args()
     import sys
 
@@ -137,6 +143,9 @@ def main() -> None:
         "PyTorch eager (hand-written)": (torch_step(torch, class_weights()),
                                          (torch.from_numpy(x), torch.from_numpy(y[:, 0]).long())),
     }  # fmt: skip
+    for field in a.without:
+        step = caffe2jax_step(a.batch, a.height, a.width, **{field: False})
+        runners[f"caffe2jax, {field} off"] = (step, (jnp.asarray(x), jnp.asarray(y)))
     times: dict[str, list[float]] = {name: [] for name in runners}
     for run, inputs in runners.values():  # compile and warm up
         time_block(run, *inputs, 2)

@@ -8,6 +8,8 @@ test_conv_forms.py):
 
 * ``xla``: :func:`general`, ``lax.conv_general_dilated`` with the layout as a parameter.
 * ``onednn``: oneDNN's primitives (onednn.py), 2-D float32 on the CPU.
+* ``onednn-blocked``: the same, the weight diff on oneDNN's blocked activations
+  (blocked_grads.py: large kernels, channels-last).
 * ``pointwise``: a channels-last 1×1 convolution as one matrix product over channels.
 * ``pointwise-dnn``: the same forward, its gradients by oneDNN's backward primitives (XLA:CPU
   transposes the pixels × channels operands for the two gradient products).
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from caffe2jax.lowering.engines import folding, fused, onednn, packing
+from caffe2jax.lowering.engines import blocked_grads, folding, fused, onednn, packing
 
 Ints = Sequence[int]
 
@@ -101,12 +103,14 @@ def convolve(
         y = convolve(form, x, w.weights, stride, pad, dilation, group, channels_last)
         return folding.epilogue(y, w, channels_last)
     if isinstance(w, packing.PackedWeights):
-        if form != "onednn":
+        if form not in ("onednn", "onednn-blocked"):  # the same forward
             raise ValueError(f"packed weights of {w.slot} reached a {form!r} convolution")
         g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
         return packing.convolve(g, x, w)
     if form == "onednn":
         return onednn.convolution(x, w, stride, pad, dilation, group, channels_last)
+    if form == "onednn-blocked":
+        return blocked_grads.convolution(x, w, stride, pad, dilation, group, channels_last)
     if form == "pointwise":
         return pointwise(x, w, stride)
     if form == "pointwise-dnn":

@@ -46,7 +46,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 # Pooling's: "phases" (windows as strided views; backward as phase sums), "phases-rw" (the
 # same backward, the forward XLA's reduce_window, which reads its input once), "xla"
 # (reduce_window and its autodiff).
-CONV_FORMS = ("xla", "onednn", "pointwise", "pointwise-dnn", "patches")
+CONV_FORMS = ("xla", "onednn", "onednn-blocked", "pointwise", "pointwise-dnn", "patches")
 POOL_FORMS = ("phases", "phases-rw", "xla")
 
 
@@ -113,6 +113,12 @@ class EnginePolicy:
     # A 1×1 matrix product under oneDNN's size rule takes oneDNN's gradients ("pointwise-dnn"):
     # XLA:CPU transposes both gradient products' operands (benchmarks/op_profile.py ssd).
     pointwise_onednn_grads: bool = True
+    # A channels-last, ungrouped oneDNN convolution of a kernel of ≥ 25 taps takes its weight
+    # diff on oneDNN's blocked activations ("onednn-blocked", blocked_grads.py): per call 0.47–
+    # 0.88× at SegNet-basic's 7×7s and a 5×5 at 4×64×72×96, 0.91–0.93× CIFAR-10 quick's 5×5s;
+    # 3×3s and 1×1s were mixed (0.72–1.43×) and stay as they are.
+    onednn_blocked_weight_grads: bool = True
+    blocked_min_taps: int = 25
     # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
     # one function whose backward recomputes BatchNorm's top (lowering/engines/chains.py;
     # benchmarks/bn_chain.py: 0.50–0.75× the three layers' time).
@@ -173,7 +179,9 @@ class EnginePolicy:
             dnn = self.pointwise_onednn_grads and self._onednn(c)
             return "pointwise-dnn" if dnn else "pointwise"
         if self._onednn(c):
-            return "onednn"
+            taps, blocked = int(np.prod(c.w[2:])), self.onednn_blocked_weight_grads
+            blocked = blocked and c.channels_last and c.group == 1 and len(c.w) == 4
+            return "onednn-blocked" if blocked and taps >= self.blocked_min_taps else "onednn"
         if c.channels_last and self._patches(c):
             return "patches"
         return "xla"
