@@ -113,12 +113,15 @@ class EnginePolicy:
     # A 1×1 matrix product under oneDNN's size rule takes oneDNN's gradients ("pointwise-dnn"):
     # XLA:CPU transposes both gradient products' operands (benchmarks/op_profile.py ssd).
     pointwise_onednn_grads: bool = True
-    # A channels-last, ungrouped oneDNN convolution of a kernel of ≥ 25 taps takes its weight
-    # diff on oneDNN's blocked activations ("onednn-blocked", blocked_grads.py): per call 0.47–
-    # 0.88× at SegNet-basic's 7×7s and a 5×5 at 4×64×72×96, 0.91–0.93× CIFAR-10 quick's 5×5s;
-    # 3×3s and 1×1s were mixed (0.72–1.43×) and stay as they are.
+    # A channels-last, ungrouped oneDNN convolution of a kernel of ≥ 25 taps on a bottom of ≥
+    # 256 pixels a plane takes its weight diff on oneDNN's blocked activations ("onednn-
+    # blocked", blocked_grads.py): per call 0.47–0.88× at SegNet-basic's 7×7s and a 5×5 at
+    # 4×64×72×96, 0.86–0.91× CIFAR-10 quick's 16×16 and 32×32 5×5s; on smaller planes 1.04×
+    # (quick's 8×8) and 1.31–1.38× (LeNet's 12×12, 20 channels); 3×3s and 1×1s mixed (0.72–
+    # 1.43×): those stay as they are.
     onednn_blocked_weight_grads: bool = True
     blocked_min_taps: int = 25
+    blocked_min_pixels: int = 256
     # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
     # one function whose backward recomputes BatchNorm's top (lowering/engines/chains.py;
     # benchmarks/bn_chain.py: 0.50–0.75× the three layers' time).
@@ -179,9 +182,10 @@ class EnginePolicy:
             dnn = self.pointwise_onednn_grads and self._onednn(c)
             return "pointwise-dnn" if dnn else "pointwise"
         if self._onednn(c):
-            taps, blocked = int(np.prod(c.w[2:])), self.onednn_blocked_weight_grads
-            blocked = blocked and c.channels_last and c.group == 1 and len(c.w) == 4
-            return "onednn-blocked" if blocked and taps >= self.blocked_min_taps else "onednn"
+            big = np.prod(c.w[2:]) >= self.blocked_min_taps
+            big = big and np.prod(c.x[2:]) >= self.blocked_min_pixels and len(c.x) == 4
+            blocked = self.onednn_blocked_weight_grads and c.channels_last and c.group == 1
+            return "onednn-blocked" if blocked and big else "onednn"
         if c.channels_last and self._patches(c):
             return "patches"
         return "xla"

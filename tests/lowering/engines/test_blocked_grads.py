@@ -67,6 +67,10 @@ def _conv(w, channels_last=True, group=1) -> ConvShape:
         ({}, _conv((64, 64, 5, 5)), "onednn-blocked"),
         ({"onednn_blocked_weight_grads": False}, _conv((64, 64, 7, 7)), "onednn"),
         ({}, _conv((64, 64, 3, 3)), "onednn"),  # 3×3s measured mixed
+        ({}, ConvShape((64, 20, 12, 12), (50, 20, 5, 5), (0, 0), 1, 10**9, np.float32, True),
+         "onednn"),  # LeNet's conv2: 144 pixels a plane, measured slower blocked
+        ({}, ConvShape((100, 32, 16, 16), (32, 32, 5, 5), (2, 2), 1, 10**9, np.float32, True),
+         "onednn-blocked"),  # CIFAR-10 quick's conv2
         ({}, _conv((64, 64, 7, 7), channels_last=False), "onednn"),
         ({}, _conv((64, 8, 7, 7), group=8), "onednn"),
         ({"conv": "xla"}, _conv((64, 64, 7, 7)), "xla"),
