@@ -1,7 +1,7 @@
 """onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
 
     python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
-        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded|direct]
+        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded|direct] [--winograd]
 
 GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models), ResNet-50 (He et al. 2016,
 the published deploy net's layers, built here with NetSpec) and YOLOv3 (``--nets yolov3``:
@@ -113,13 +113,14 @@ def case(
     peer: str = "onnxruntime",
     side: int = 224,
     out: str = "prob",
+    winograd: bool = False,
 ) -> Row:
     import jax
     import onnxruntime as ort
 
     import caffe2jax
 
-    policy = caffe2jax.EnginePolicy.from_env(winograd=peer == "direct")
+    policy = caffe2jax.EnginePolicy.from_env(winograd=winograd or peer == "direct")
     model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, side, side)},
                               policy=policy)  # fmt: skip
     params, state = weights(model)
@@ -174,6 +175,11 @@ def main() -> None:
         "unfolded: packed, BatchNorm and Scale not folded into the convolutions; "
         "direct: caffe2jax with Winograd's 3×3s (policy winograd) vs without",
     )
+    parser.add_argument(
+        "--winograd",
+        action="store_true",
+        help="caffe2jax's 3×3s as Winograd's F(2×2, 3×3) (policy winograd)",
+    )
     args = parser.parse_args()
     configure_jax(compile_cache=False)
     folder = Path(tempfile.mkdtemp(prefix="caffe2jax-onnx-bench-"))
@@ -183,7 +189,8 @@ def main() -> None:
         ("ResNet-50", lambda: resnet50(folder / "resnet50.prototxt", args.batch), {}),
         ("YOLOv3", lambda: YOLOV3, {"side": 416, "out": "detection_out"}),
     ]
-    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer, **kw)
+    kw0 = {"winograd": args.winograd}
+    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer, **kw0, **kw)
             for n, p, kw in nets if n.lower().replace("-", "") in wanted]  # fmt: skip
     info = machine()
     import onnxruntime
