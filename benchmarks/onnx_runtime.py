@@ -1,7 +1,7 @@
 """onnxruntime on caffe2jax's ONNX exports against caffe2jax's jitted forward (issue 34).
 
     python benchmarks/onnx_runtime.py [--batch 1] [--blocks 5] [--calls 5]
-        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded]
+        [--nets googlenet,resnet50] [--peer onnxruntime|unpacked|unfolded|direct] [--winograd]
 
 GoogLeNet (BVLC's deploy prototxt from ../shared/caffe/models), ResNet-50 (He et al. 2016,
 the published deploy net's layers, built here with NetSpec) and YOLOv3 (``--nets yolov3``:
@@ -14,11 +14,12 @@ own thread pool); caffe2jax's forward is ``jax.jit(model.apply)`` with the CLI's
 BatchNorm → Scale folded into the convolution and a convolution's bias and ReLU run inside its
 oneDNN primitive, as pycaffe's whole-net ``Net.forward`` runs it; ``--peer unpacked`` times
 that against the same forward on Caffe-layout weights, ``--peer unfolded`` against the packed
-forward without folding or fusing). Both are timed in one run, in alternating blocks
-(benchmarks/harness.py: median block, compile and session creation apart); the logits (a
-detector's heads: the bottoms of its last layer) are checked to agree first, within 1e-4 of
-their largest magnitude, and the folded forward with the plain one within 1e-5. Prints the
-markdown table and writes
+forward without folding or fusing, ``--peer direct`` the forward with policy ``winograd`` (3×3s
+as Winograd's F(2×2, 3×3)) against the same packed forward without it). Both are timed in one
+run, in alternating blocks (benchmarks/harness.py: median block, compile and session creation
+apart); the logits (a detector's heads: the bottoms of its last layer) are checked to agree
+first, within 1e-4 of their largest magnitude, and the folded forward with the plain one within
+1e-5. Prints the markdown table and writes
 ``benchmarks/results/onnx-runtime-<time>.json`` / ``.md``.
 """
 
@@ -112,13 +113,16 @@ def case(
     peer: str = "onnxruntime",
     side: int = 224,
     out: str = "prob",
+    winograd: bool = False,
 ) -> Row:
     import jax
     import onnxruntime as ort
 
     import caffe2jax
 
-    model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, side, side)})
+    policy = caffe2jax.EnginePolicy.from_env(winograd=winograd or peer == "direct")
+    model = caffe2jax.compile(prototxt, input_shapes={"data": (batch, 3, side, side)},
+                              policy=policy)  # fmt: skip
     params, state = weights(model)
     last = model.net.layer(model.net.layers[-1].name)
     checks = list(dict.fromkeys(last.bottom_names))  # the logits, or a detector's heads
@@ -147,6 +151,13 @@ def case(
     if peer == "unfolded":  # folding's own effect: packed weights, BatchNorm and Scale run
         row.peer, unfolded = "caffe2jax unfolded", model.packed(params)
         return measure(row, ours, lambda: lambda: forward(unfolded, state, xj), calls, blocks)
+    if peer == "direct":  # Winograd's own effect: the same packed forward, 3×3s on oneDNN
+        from caffe2jax.lowering.engines import packing
+        from caffe2jax.lowering.layers import vision
+
+        row.peer = "caffe2jax direct 3×3s"
+        direct = packing.Packer(vision.onednn_keys(model.graph))(params)
+        return measure(row, ours, lambda: lambda: forward(direct, state, xj), calls, blocks)
     return measure(row, ours, lambda: theirs, calls, blocks)
 
 
@@ -158,10 +169,16 @@ def main() -> None:
     parser.add_argument("--nets", default="googlenet,resnet50", help="comma-separated")
     parser.add_argument(
         "--peer",
-        choices=("onnxruntime", "unpacked", "unfolded"),
+        choices=("onnxruntime", "unpacked", "unfolded", "direct"),
         default="onnxruntime",
         help="unpacked: caffe2jax's forward without packed oneDNN weights or folding; "
-        "unfolded: packed, BatchNorm and Scale not folded into the convolutions",
+        "unfolded: packed, BatchNorm and Scale not folded into the convolutions; "
+        "direct: caffe2jax with Winograd's 3×3s (policy winograd) vs without",
+    )
+    parser.add_argument(
+        "--winograd",
+        action="store_true",
+        help="caffe2jax's 3×3s as Winograd's F(2×2, 3×3) (policy winograd)",
     )
     args = parser.parse_args()
     configure_jax(compile_cache=False)
@@ -172,7 +189,8 @@ def main() -> None:
         ("ResNet-50", lambda: resnet50(folder / "resnet50.prototxt", args.batch), {}),
         ("YOLOv3", lambda: YOLOV3, {"side": 416, "out": "detection_out"}),
     ]
-    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer, **kw)
+    kw0 = {"winograd": args.winograd}
+    rows = [case(n, p(), args.batch, folder, args.calls, args.blocks, args.peer, **kw0, **kw)
             for n, p, kw in nets if n.lower().replace("-", "") in wanted]  # fmt: skip
     info = machine()
     import onnxruntime
@@ -183,6 +201,8 @@ def main() -> None:
         title = "caffe2jax with oneDNN weights packed once vs unpacked (Caffe layout)"
     if args.peer == "unfolded":
         title = "caffe2jax with BatchNorm and Scale folded into the convolutions vs not"
+    if args.peer == "direct":
+        title = "caffe2jax with Winograd F(2×2,3×3) 3×3s vs oneDNN's direct ones"
     write("onnx-runtime", title, rows, info, "python benchmarks/onnx_runtime.py " +
           " ".join(sys.argv[1:]))  # fmt: skip
 

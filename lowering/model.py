@@ -221,7 +221,7 @@ class Model:
             keys = vision.onednn_keys(self.graph) if self.policy.packed_weights else {}
             found = folding.chains(self.net, self.graph.shared) if self.policy.fold_batchnorm \
                 and not self.graph.precision.casts else []  # fmt: skip
-            packer = packing.Packer(keys, self.policy.onednn_post_ops)
+            packer = packing.Packer(keys, self.policy.onednn_post_ops, self.policy.winograd)
             self.programs["packer"] = (packer, folding.Folder(self.net, found))
         packer, folder = self.programs["packer"]
         return packer(params if state is None else folder(params, state))

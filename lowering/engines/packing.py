@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from caffe2jax.lowering.engines import folding, fused, onednn
+from caffe2jax.lowering.engines import folding, fused, onednn, winograd
 
 Slot = tuple[str, int]  # (layer owning the param, blob index)
 
@@ -72,7 +72,10 @@ with contextlib.suppress(ValueError):  # registered already (the module loaded t
 
 
 def convolve(g: onednn.Geometry, x: jax.Array, w: PackedWeights) -> jax.Array:
-    """The oneDNN convolution ``g`` of ``x`` with weights packed for it (``fwd_packed``)."""
+    """The oneDNN convolution ``g`` of ``x`` with weights packed for it (``fwd_packed``), or
+    Winograd's F(2×2, 3×3) where they were packed for that (winograd.py)."""
+    if winograd.is_winograd(w.key) and winograd.geometry_of(w.key) == g.key():
+        return winograd.convolve(x, w.data)
     if w.key != g.key():
         raise ValueError(f"weights of {w.slot} were packed for the convolution {w.key!r}, "
                          f"not {g.key()!r}: pack them with this model's Packer")  # fmt: skip
@@ -85,11 +88,12 @@ class Packer:
     ``keys``: (layer, blob) → the geometry key of the oneDNN primitive that reads it (slots
     read at several geometries left out: :func:`single`); ``post_ops``: a folded chain's
     weights packed for the primitive that adds its bias and applies its ReLU (fused.py).
+    ``winograd``: the 3×3 weights :func:`winograd.eligible` takes packed for F(2×2, 3×3).
     Calling it returns ``params`` with those slots replaced by their :class:`PackedWeights`.
     """
 
-    def __init__(self, keys: dict[Slot, bytes], post_ops: bool = False):
-        self.keys, self.post_ops = dict(keys), post_ops
+    def __init__(self, keys: dict[Slot, bytes], post_ops: bool = False, winograd: bool = False):
+        self.keys, self.post_ops, self.winograd = dict(keys), post_ops, winograd
         if self.keys and post_ops:
             fused.register()  # a loaded forward may call its fused primitives (fused.py)
         self._made: dict[Slot, tuple[Any, PackedWeights]] = {}
@@ -105,10 +109,15 @@ class Packer:
         if isinstance(w, folding.Folded):  # the primitive with its bias and ReLU, or the plain
             k = fused.key(key, w.relu, w.bias is not None) if self.post_ops else key
             return folding.Folded(self._packed(slot, k, w.weights), w.bias, w.relu)
+        if self.winograd and not fused.is_fused(key) and winograd.eligible(key):
+            key = winograd.key(key)
         made = self._made.get(slot)
         if made is not None and made[0] is w and isinstance(w, jax.Array) and made[1].key == key:
             return made[1]
-        primitives = fused.primitives(key) if fused.is_fused(key) else onednn.primitives(key)
+        if winograd.is_winograd(key):
+            primitives = winograd
+        else:
+            primitives = fused.primitives(key) if fused.is_fused(key) else onednn.primitives(key)
         data = jnp.asarray(primitives.pack(np.asarray(w, np.float32)))
         packed = PackedWeights(data, slot, tuple(w.shape), key)
         self._made[slot] = (w, packed)  # holds ``w``: its identity cannot pass to another array

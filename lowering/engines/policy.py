@@ -148,6 +148,11 @@ class EnginePolicy:
     # engines/fused.py). Off: per layer (GoogLeNet's 3×3s, b1, alternating calls, load 6)
     # oneDNN's post-ops took 1.01–1.03× the plain call plus XLA's elementwise pass.
     onednn_post_ops: bool = False
+    # ... and each oneDNN 3×3 convolution (stride 1, pad 1, sides 8–32) as Winograd's
+    # F(2×2, 3×3) in XLA, its weights transformed once (lowering/engines/winograd.py; the top
+    # within ~1e-6 of its largest magnitude, not bit for bit). GoogLeNet's 14² and 28² 3×3s:
+    # 0.67–0.96× oneDNN's CPU time per layer (benchmarks/inception_forms.py, load 10–11).
+    winograd: bool = False
     pool: str = "auto"
     channels_last: bool = True
     backend: str | None = None
