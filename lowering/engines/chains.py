@@ -9,7 +9,7 @@ x − μ, BatchNorm's top (Scale's weight diff needs it) and the ReLU's top as t
 in the forward and reads them back in the backward. Here the forward writes only x − μ (the
 variance's operand) and the ReLU's top (the next layer's bottom, kept anyway), and the
 backward takes BatchNorm's top as x − μ and per-channel factors of σ (benchmarks/bn_chain.py:
-0.50–0.75× the three layers' fwd+bwd time, docs/performance.md rounds 5 and 6).
+0.36–0.47× the three layers' fwd+bwd time, docs/performance.md rounds 5 and 6).
 ``jax.custom_vjp`` here is a speed choice, not a different derivative: the backward is
 Caffe's, ReLULayer's, ScaleLayer's and BatchNormLayer's Backward_cpu in turn, the true
 derivative of the forward (tests/lowering/engines/test_chains.py checks it against autodiff
