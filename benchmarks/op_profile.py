@@ -41,9 +41,11 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 def hlo_ops(dump: Path = DUMP) -> dict[str, tuple[str, str]]:
     """Instruction name → (its shape, the JAX op_name that emitted it), from every optimized
-    HLO module dumped (the metadata's source lines are stack-frame ids there, not files)."""
+    HLO module dumped (the metadata's source lines are stack-frame ids there, not files).
+    Names repeat across modules (a forward ``jit(apply)`` run before the step has its own
+    ``ynn_fusion.30``): the largest module, the step, is read last so that its names win."""
     out = {}
-    for path in dump.glob("*after_optimizations.txt"):
+    for path in sorted(dump.glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size):
         for line in path.read_text().splitlines():
             m = _INSTR.match(line)
             if m:

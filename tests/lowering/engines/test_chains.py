@@ -76,3 +76,12 @@ def test_fused_chain_top_equals_the_layers_and_gives_no_gradient_to_the_statisti
     top = lambda m, v: jnp.sum(chains.normalize_scale_relu(x, m, v, EPS, gamma, beta))  # noqa: E731
     grads = jax.jit(jax.grad(top, argnums=(0, 1)))(mean, var)
     assert all(not np.any(g) for g in grads)
+
+
+def test_the_statistics_are_not_transposed_into_the_bottom_diff():
+    """x's diff is the chain's backward alone: the mean and variance enter behind
+    stop_gradient, so autodiff adds no second cotangent into x (``add_any``) — a custom_vjp's
+    zero cotangent is an array, and XLA would keep (x − μ)·0 as a full array per chain."""
+    x, gamma, beta, r = data(12, 3)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(lambda x: jnp.sum(fused(x, gamma, beta) * r)))(x)
+    assert "custom_vjp_call" in str(jaxpr) and "add_any" not in str(jaxpr)
