@@ -107,6 +107,8 @@ def _dwpatches_fwd(g, x, w):
 def _dwpatches_bwd(g, res, dy):
     x, w = res
     dx = onednn.call("bwd_data", g, g.shaped(g.x), dy, w)
+    # after oneDNN's call, not beside it: its OpenMP threads and XLA's pool share the cores
+    dx, x, dy = lax.optimization_barrier((dx, x, dy))
     _, vjp = jax.vjp(lambda w: patches(x, w, g.stride, g.pad, g.dilation), w)
     return dx, vjp(dy)[0]
 

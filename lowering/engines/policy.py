@@ -118,7 +118,8 @@ class EnginePolicy:
     # weight diff as one matrix product of im2col patches and the top diff ("onednn-dwpatches";
     # 0 pixels: off). CRNN's conv5 and conv6 (28 and 13 pixels, depth 4608 and 2048): oneDNN's
     # backward-weights primitive took 1.5× and 4× that product in the train step (benchmarks/
-    # op_profile.py crnn); conv4 (64 pixels) 0.57×, hence 32 (docs/performance.md).
+    # op_profile.py crnn); conv4 (64 pixels) 0.57×, hence 32. Whole step 0.91× (docs/
+    # performance.md, "Engine switches").
     dw_patches_max_pixels: int = 32
     dw_patches_min_depth: int = 1024
     # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
