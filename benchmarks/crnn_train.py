@@ -14,7 +14,11 @@ N-times-the-gradient diff, the LSTM gate order, the multipliers). Then alternati
 ``--steps`` steps, ``--repeats`` times; the medians and their ratio are printed, last the
 ``RESULT`` line. Timings on a shared machine are noisy.
 
-    python benchmarks/crnn_train.py [--batch 32] [--width 1] [--steps 3] [--repeats 3]
+    python benchmarks/crnn_train.py [--batch 32] [--width 1] [--steps 3] [--repeats 3] [--ab]
+
+``--ab`` adds a third runner to the alternating blocks: caffe2jax with the engine policy's
+``dw_patches_max_pixels=0`` (every weight diff by oneDNN's backward-weights primitive), the
+A/B of the ``onednn-dwpatches`` form (lowering/engines/conv_forms.py).
 """
 
 from __future__ import annotations
@@ -67,13 +71,13 @@ def solver_param():
                                      clip_gradients=520, lr_policy="fixed")  # fmt: skip
 
 
-def caffe2jax_runner(net, x, label, solver):
+def caffe2jax_runner(net, x, label, solver, policy=None):
     """One compiled train step per call (forward, backward, clip, SGD update); returns the
     runner and the initial params (to copy into the twin)."""
     from caffe2jax.lowering.model import compile as compile_net
     from caffe2jax.runtime.train.step import Trainer
 
-    model = compile_net(net, "TRAIN")
+    model = compile_net(net, "TRAIN", policy=policy)
     params, state = model.init(jax.random.key(0))
     initial = jax.tree.map(np.asarray, params)
     trainer = Trainer(model, solver, params, state)
@@ -100,6 +104,7 @@ def main() -> None:
     parser.add_argument("--width", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ab", action="store_true", help="also dw_patches_max_pixels=0")
     args = parser.parse_args()
     import torch
 
@@ -112,7 +117,14 @@ def main() -> None:
     ours, params = caffe2jax_runner(net, x, label, solver)
     peer = torch_runner(net, params, x, label, solver)
     runners = {"caffe2jax": ours, "PyTorch eager (hand-written)": peer}
-    (a0, a1), (b0, b1) = agreement(runners)
+    if args.ab:
+        from caffe2jax.lowering.engines.policy import EnginePolicy
+
+        off = EnginePolicy.from_env(dw_patches_max_pixels=0)
+        runners["caffe2jax, dw_patches off"] = caffe2jax_runner(net, x, label, solver, off)[0]
+    (a0, a1), (b0, b1), *more = agreement(runners)
+    for c0, c1 in more:
+        print(f"losses caffe2jax, dw_patches off: {c0:.6f}, {c1:.6f}")
     print(f"losses caffe2jax {a0:.6f}, {a1:.6f}; PyTorch {b0:.6f}, {b1:.6f}; relative "
           f"difference {abs(a0 - b0) / abs(b0):.1e} (forward), {abs(a1 - b1) / abs(b1):.1e} "
           "(after one update)")  # fmt: skip
@@ -123,7 +135,9 @@ def main() -> None:
             for i in range(args.steps):
                 run(2 + r * args.steps + i)
             times[name].append((time.perf_counter() - start) / args.steps * 1e3)
-    ours_ms, peer_ms = (statistics.median(v) for v in times.values())
+    for name, values in times.items():
+        print(f"blocks {name}: " + ", ".join(f"{v:.0f}" for v in values) + " ms")
+    ours_ms, peer_ms = (statistics.median(v) for v in list(times.values())[:2])
     print(f"CRNN train step, batch {args.batch}, 32x128, width {args.width}, "
           f"{platform.machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"jax {jax.__version__}; noisy: shared machine")  # fmt: skip

@@ -2,15 +2,15 @@
 trace, each op named by the Python line that emitted it (the optimized HLO's metadata), and the
 PyTorch peer's operators from ``torch.profiler`` — the "profile first" of issue 39.
 
-    python benchmarks/op_profile.py ssd|frcnn|segnet [--calls 3] [--top 25] [--peer]
+    python benchmarks/op_profile.py ssd|frcnn|segnet|crnn [--calls 3] [--top 25] [--peer]
     python benchmarks/op_profile.py googlenet|resnet50 [--batch 1] [--peer]   # vs onnxruntime
 
 The case's own benchmark builds the runners (benchmarks/ssd_train.py, frcnn_train.py,
-segnet_train.py). XLA_FLAGS gets ``--xla_dump_to`` (the optimized HLO: each op's shape and
-the JAX op that emitted it) before jax starts; the trace's per-op events are summed over
-``--calls`` calls (ops on the two threads overlap, so the sum may exceed the wall time) and
-grouped by kind of op (forward or backward; a library call or the JAX primitive a fusion came
-from). Figures from a shared machine are noisy: read the shares, not the milliseconds.
+segnet_train.py, crnn_train.py). XLA_FLAGS gets ``--xla_dump_to`` (the optimized HLO: each
+op's shape and the JAX op that emitted it) before jax starts; the trace's per-op events are
+summed over ``--calls`` calls (ops on the two threads overlap, so the sum may exceed the wall
+time) and grouped by kind of op (forward or backward; a library call or the JAX primitive a
+fusion came from). Figures from a shared machine are noisy: read the shares, not the milliseconds.
 """
 
 from __future__ import annotations
@@ -127,9 +127,20 @@ def runners(case: str):
         peer = segnet_train.torch_step(torch, segnet_train.class_weights())
         xt, yt = torch.from_numpy(x), torch.from_numpy(y[:, 0]).long()
         return (lambda: ours(x, y, 1)), (lambda: peer(xt, yt, 1))
+    if case == "crnn":
+        import crnn_train
+        from crnn_torch import torch_runner
+
+        from examples.crnn.make_textlines import make_set
+
+        net, solver = crnn_train.net_param(32, 1.0), crnn_train.solver_param()
+        x, label = make_set(32, seed=0)
+        ours, params = crnn_train.caffe2jax_runner(net, x, label, solver)
+        peer = torch_runner(net, params, x, label, solver)
+        return (lambda: ours(1)), (lambda: peer(1))
     if case in ("googlenet", "resnet50"):
         return inference(case, BATCH)
-    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, googlenet or resnet50")
+    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, crnn, googlenet or resnet50")
 
 
 BATCH = 1

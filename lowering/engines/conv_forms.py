@@ -14,6 +14,10 @@ test_conv_forms.py):
 * ``pointwise-dnn``: the same forward, its gradients by oneDNN's backward primitives (XLA:CPU
   transposes the pixels × channels operands for the two gradient products).
 * ``patches``: a channels-last convolution as Caffe computes it, im2col + one matrix product.
+* ``onednn-dwpatches``: oneDNN's forward and backward-data; the weight diff as Caffe's
+  ``weight_cpu_gemm`` computes it, one matrix product of the top diff and the im2col patches
+  (on a small image oneDNN's backward-weights primitive is the slower: benchmarks/
+  crnn_train.py, docs/performance.md). A forward-only program packs its weights as ``onednn``.
 """
 
 from __future__ import annotations
@@ -90,6 +94,30 @@ def patches(x: jax.Array, w: jax.Array, stride: Ints, pad: Ints, dilation: Ints)
     return lax.dot_general(columns, w2, (((3,), (1,)), ((), ())))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def onednn_dwpatches(g: onednn.Geometry, x: jax.Array, w: jax.Array) -> jax.Array:
+    """oneDNN's convolution ``g`` (channels-last, ungrouped) whose weight diff is the patches
+    product: Σ over pixels of dy ⊗ im2col(x), the convolution's true derivative (to float
+    summation order), as :func:`patches`' autodiff computes it."""
+    return onednn.conv2d(g, x, w)
+
+
+def _dwpatches_fwd(g, x, w):
+    return onednn.conv2d(g, x, w), (x, w)
+
+
+def _dwpatches_bwd(g, res, dy):
+    x, w = res
+    dx = onednn.call("bwd_data", g, g.shaped(g.x), dy, w)
+    # after oneDNN's call, not beside it: its OpenMP threads and XLA's pool share the cores
+    dx, x, dy = lax.optimization_barrier((dx, x, dy))
+    _, vjp = jax.vjp(lambda w: patches(x, w, g.stride, g.pad, g.dilation), w)
+    return dx, vjp(dy)[0]
+
+
+onednn_dwpatches.defvjp(_dwpatches_fwd, _dwpatches_bwd)
+
+
 def convolve(
     form: str, x, w, stride: Ints, pad: Ints, dilation: Ints, group: int, channels_last: bool
 ) -> jax.Array:
@@ -103,7 +131,7 @@ def convolve(
         y = convolve(form, x, w.weights, stride, pad, dilation, group, channels_last)
         return folding.epilogue(y, w, channels_last)
     if isinstance(w, packing.PackedWeights):
-        if form not in ("onednn", "onednn-blocked"):  # the same forward
+        if form not in ("onednn", "onednn-blocked", "onednn-dwpatches"):  # one forward
             raise ValueError(f"packed weights of {w.slot} reached a {form!r} convolution")
         g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
         return packing.convolve(g, x, w)
@@ -111,6 +139,9 @@ def convolve(
         return onednn.convolution(x, w, stride, pad, dilation, group, channels_last)
     if form == "onednn-blocked":
         return blocked_grads.convolution(x, w, stride, pad, dilation, group, channels_last)
+    if form == "onednn-dwpatches":
+        g = onednn.geometry(x, w, stride, pad, dilation, group, channels_last)
+        return onednn_dwpatches(g, x, w)
     if form == "pointwise":
         return pointwise(x, w, stride)
     if form == "pointwise-dnn":

@@ -46,7 +46,15 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 # Pooling's: "phases" (windows as strided views; backward as phase sums), "phases-rw" (the
 # same backward, the forward XLA's reduce_window, which reads its input once), "xla"
 # (reduce_window and its autodiff).
-CONV_FORMS = ("xla", "onednn", "onednn-blocked", "pointwise", "pointwise-dnn", "patches")
+CONV_FORMS = (
+    "xla",
+    "onednn",
+    "onednn-blocked",
+    "onednn-dwpatches",
+    "pointwise",
+    "pointwise-dnn",
+    "patches",
+)
 POOL_FORMS = ("phases", "phases-rw", "xla")
 
 
@@ -122,6 +130,15 @@ class EnginePolicy:
     onednn_blocked_weight_grads: bool = True
     blocked_min_taps: int = 25
     blocked_min_pixels: int = 256
+    # An ungrouped channels-last oneDNN convolution whose top has at most this many pixels an
+    # image and whose patches are at least ``dw_patches_min_depth`` deep (C·kh·kw) takes its
+    # weight diff as one matrix product of im2col patches and the top diff ("onednn-dwpatches";
+    # 0 pixels: off). CRNN's conv5 and conv6 (28 and 13 pixels, depth 4608 and 2048): oneDNN's
+    # backward-weights primitive took 1.5× and 4× that product in the train step (benchmarks/
+    # op_profile.py crnn); conv4 (64 pixels) 0.57×, hence 32. Whole step 0.91× (docs/
+    # performance.md, "Engine switches").
+    dw_patches_max_pixels: int = 32
+    dw_patches_min_depth: int = 1024
     # A channels-last BatchNorm (batch statistics) → Scale → ReLU chain in a train step runs as
     # one function whose backward recomputes BatchNorm's top (lowering/engines/chains.py;
     # benchmarks/bn_chain.py: 0.50–0.75× the three layers' time).
@@ -187,6 +204,8 @@ class EnginePolicy:
             dnn = self.pointwise_onednn_grads and self._onednn(c)
             return "pointwise-dnn" if dnn else "pointwise"
         if self._onednn(c):
+            if c.channels_last and self._dw_patches(c):
+                return "onednn-dwpatches"
             big = np.prod(c.w[2:]) >= self.blocked_min_taps
             big = big and np.prod(c.x[2:]) >= self.blocked_min_pixels and len(c.x) == 4
             blocked = self.onednn_blocked_weight_grads and c.channels_last and c.group == 1
@@ -225,6 +244,14 @@ class EnginePolicy:
         if why is not None and self.conv != "auto":
             _warn_once(why)
         return why is None
+
+    def _dw_patches(self, c: ConvShape) -> bool:
+        """Ungrouped, at most ``dw_patches_max_pixels`` top pixels an image (MACs over the
+        multiply-adds of one pixel), patches at least ``dw_patches_min_depth`` deep."""
+        depth = int(np.prod(c.w[1:]))
+        small = c.macs <= self.dw_patches_max_pixels * c.x[0] * c.w[0] * depth
+        deep = depth >= self.dw_patches_min_depth
+        return small and deep and c.group == 1 and self.conv != "onednn-all"
 
     def _patches(self, c: ConvShape) -> bool:
         return (

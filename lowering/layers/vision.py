@@ -240,7 +240,7 @@ def onednn_keys(graph) -> dict[tuple[str, int], bytes]:
     net, found = graph.net, []
     for name, form in graph.engines.items():
         layer = net.layer(name)
-        if form in ("onednn", "onednn-blocked") and layer.type == "Convolution":
+        if form in ("onednn", "onednn-blocked", "onednn-dwpatches") and layer.type == "Convolution":
             slot = graph.shared.get((name, 0), (name, 0))
             shape, weights = net.shapes[layer.bottoms[0]], graph.decls[name][0].shape
             found.append((slot, onednn_key(layer, shape, weights, name in graph.nhwc_layers)))

@@ -88,6 +88,22 @@ def test_pointwise_with_onednn_gradients_equals_the_convolution(stride):
     assert shape == (2, 4, -(-7 // stride), -(-5 // stride))
 
 
+@pytest.mark.parametrize("k,s,p,d", [(3, 2, 1, 1), (3, 1, 2, 2)])
+def test_onednn_with_the_weight_diff_as_patches_equals_the_convolution(k, s, p, d):
+    """A oneDNN convolution on a small image (``onednn-dwpatches``): oneDNN's forward and
+    backward-data, the weight diff as one matrix product of im2col patches and the top diff;
+    the top, the bottom diff and the weight and bias diffs equal lax.conv's under jit, to
+    float rounding (padded, strided, dilated)."""
+    if (platform.system(), platform.machine()) != ("Linux", "x86_64") or not ON_CPU:
+        pytest.skip("oneDNN (onednn-cpu-gomp) is the CPU's on Linux x86-64 only")
+    assert onednn.available() is None, onednn.available()  # a dependency there: must load
+    x = RNG.standard_normal((2, 6, 4, 6)).astype(np.float32)
+    param = f"num_output: 4 kernel_size: {k} stride: {s} pad: {p} dilation: {d}"
+    on = EnginePolicy(onednn_min_macs=1, dw_patches_min_depth=1)
+    off = EnginePolicy(conv="xla", patches=False)
+    _conv_form_vs_lax_conv("onednn-dwpatches", (on, off), x, param, 1e-5)
+
+
 @pytest.mark.parametrize("c,k,s,p,d", [(1, 5, 1, 0, 1), (3, 5, 1, 2, 1), (3, 3, 2, 1, 1),
                                        (3, 3, 1, 2, 2), (4, 2, 3, 1, 1)])  # fmt: skip
 def test_few_channel_convolution_as_patches_equals_the_convolution(c, k, s, p, d):

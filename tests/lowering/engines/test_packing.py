@@ -85,6 +85,23 @@ def test_packed_forward_with_leading_batch_axes():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(raw))
 
 
+def test_a_convolution_with_the_weight_diff_as_patches_packs_as_onednn():
+    """A ``onednn-dwpatches`` convolution (a small image; its weight diff as patches in a
+    train step) runs oneDNN's forward: a forward-only program packs its weights all the same,
+    and the packed forward is the unpacked one bit for bit."""
+    text = NET[: NET.index('layer { name: "r1"')].replace("dim: 11 dim: 11", "dim: 5 dim: 6")
+    policy = EnginePolicy(onednn_min_macs=1, dw_patches_min_depth=1)
+    model = compile_net(text, policy=policy)
+    assert model.graph.engines == {"c1": "onednn-dwpatches"}
+    params, state = model.init(0)
+    x = np.random.default_rng(3).standard_normal((2, 4, 5, 6)).astype(np.float32)
+    packed = model.packed(params)
+    assert isinstance(packed["c1"][0], packing.PackedWeights)
+    raw = jitted.forward(model, params, state, {"x": x})[0]["y"]
+    got = jax.jit(model.apply)(packed, state, {"x": x})[0]["y"]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(raw))
+
+
 def test_packed_only_when_the_array_is_the_same_object():
     model = _model(True)
     params, _ = model.init(0)

@@ -129,6 +129,19 @@ def conv(x=(8, 16, 32, 32), w=(32, 16, 3, 3), pad=(1, 1), group=1, macs=None, dt
         ({"conv": "onednn-all"}, conv(w=(32, 16, 1, 1), pad=(0, 0)), "onednn"),
         ({}, conv(), "onednn"),  # 8·32·32·32·144 multiply-adds ≥ 16M
         ({}, conv(macs=16_000_000 - 1), "xla"),
+        # a small image, deep patches (CRNN's conv5): oneDNN, the weight diff as patches
+        ({}, conv(x=(32, 512, 4, 16), w=(512, 512, 3, 3), pad=(0, 0), macs=32 * 28 * 512 * 4608),
+         "onednn-dwpatches"),
+        ({"dw_patches_max_pixels": 0}, conv(x=(32, 512, 4, 16), w=(512, 512, 3, 3),
+                                           pad=(0, 0), macs=32 * 28 * 512 * 4608), "onednn"),
+        ({"conv": "onednn-all"}, conv(x=(32, 512, 4, 16), w=(512, 512, 3, 3), pad=(0, 0),
+                                      macs=32 * 28 * 512 * 4608), "onednn"),
+        ({}, conv(x=(32, 512, 4, 16), w=(512, 512, 3, 3), macs=32 * 64 * 512 * 4608),
+         "onednn"),  # 64 pixels: oneDNN's own backward-weights
+        ({}, conv(x=(32, 512, 4, 16), w=(512, 512, 3, 3), pad=(0, 0), channels_last=False,
+                  macs=32 * 28 * 512 * 4608), "onednn"),
+        ({}, conv(x=(32, 64, 4, 16), w=(512, 64, 3, 3), pad=(0, 0), macs=32 * 28 * 512 * 576),
+         "onednn"),  # patches 576 deep
         # depthwise: oneDNN at any size (XLA:CPU's grouped convolution is slow)
         ({}, conv(w=(16, 1, 3, 3), group=16, macs=1_000), "onednn"),
         ({"conv": "xla"}, conv(w=(16, 1, 3, 3), group=16), "xla"),
@@ -162,8 +175,8 @@ def test_conv_form(fields, c, form):
     (Where libdnnl does not load, oneDNN's convolutions are lax.conv's: none of these cases
     falls back to another form.)"""
     if onednn.available() is not None:
-        fallback = {"onednn": "xla", "onednn-blocked": "xla", "pointwise-dnn": "pointwise"}
-        form = fallback.get(form, form)
+        fallback = {"onednn": "xla", "onednn-blocked": "xla", "onednn-dwpatches": "xla"}
+        form = {**fallback, "pointwise-dnn": "pointwise"}.get(form, form)
     assert EnginePolicy(**{"backend": "cpu", **fields}).conv_form(c) == form
 
 
