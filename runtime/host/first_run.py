@@ -8,11 +8,12 @@ emitters, whose per-kernel MLIR pipeline was most of an -O0 compile (GoogLeNet b
 instead of 9.6 s, against 30 s optimised; load 8–11) — runs its elementwise kernels
 unvectorised (GoogLeNet b10's forward ≈ 3× slower; the convolutions and matrix products are
 library calls at any level): cheaper than the optimised compile for a first result. So the
-first call of a :class:`Tiered` program compiles that quick executable and runs it, and a
-background thread compiles the optimised executable (written to JAX's persistent cache as
-every compile is, so a second run of the script loads it); later calls run the quick one
-until the optimised one is ready, then the optimised one. Both executables come from one
-lowered module, the same operations in the same order, but not always to the last bit: at
+first call of a :class:`Tiered` program compiles that quick executable and runs it, and once
+its result is ready a background thread compiles the optimised executable (started beside the
+run, the compile slowed it 1.3–2×: :data:`START_AFTER_FIRST_CALL`), written to JAX's
+persistent cache as every compile is, so a second run of the script loads it; later calls run
+the quick one until the optimised one is ready, then the optimised one. Both executables come
+from one lowered module, the same operations in the same order, but not always to the last bit: at
 -O2 LLVM contracts a product and a sum into one fused multiply-add where -O0 rounds twice, and
 the elemental emitter has its own tanh, rsqrt, log1p and cbrt. Each operation stays within
 float rounding (≤ 8 ulp measured, tanh; most 0–2), which tests/runtime/host/test_first_run.py
@@ -43,6 +44,9 @@ SWITCH_ENV = "CAFFE2JAX_QUICK_FIRST_RUN"
 # option gets the first alone (:data:`FALLBACK_OPTIONS`)
 QUICK_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 FALLBACK_OPTIONS = {"xla_backend_optimization_level": 0}
+# the optimised compile starts once the first call's result is ready (it would share the cores
+# with that call's run)
+START_AFTER_FIRST_CALL = True
 # StableHLO operations from which a program takes the quick executable first (GoogLeNet's
 # forward has 1,116; the test suite's small nets tens)
 MIN_OPS = 400
@@ -68,7 +72,8 @@ class Tiered:
         self.failed: str | None = None
         self.thread = threading.Thread(target=self._compile, args=(lowered,),
                                        name="caffe2jax-compile")  # fmt: skip
-        self.thread.start()
+        if not START_AFTER_FIRST_CALL:
+            self.thread.start()
 
     def _compile(self, lowered: Any) -> None:
         try:
@@ -79,10 +84,16 @@ class Tiered:
 
     def __call__(self, *args: Any) -> Any:
         run = self.optimised if self.optimised is not None else self.quick
-        return run(*args)
+        out = run(*args)
+        if self.thread.ident is None:  # the first call
+            jax.block_until_ready(out)  # its result before the cores go to the compile
+            self.thread.start()
+        return out
 
     def wait(self) -> None:
         """Block until the optimised executable is compiled (or its compile failed)."""
+        if self.thread.ident is None:  # never called: compile it now
+            self.thread.start()
         self.thread.join()
 
 

@@ -149,3 +149,16 @@ def test_quick_executable_within_float_rounding_of_the_optimised():
         np.testing.assert_allclose(np.asarray(q), np.asarray(o), rtol=1e-6, atol=1e-30)
         differ += int(np.sum(np.asarray(q) != np.asarray(o)))
     assert differ > 0  # the check sees the executables' differences (not one program twice)
+
+
+def test_the_optimised_compile_starts_after_the_first_calls_result(monkeypatch):
+    monkeypatch.delenv(first_run.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(first_run, "MIN_OPS", 1)
+    jitted = jax.jit(lambda x: jnp.exp(x) * 2)
+    args = (jnp.ones((3, 4)),)
+    tiered = first_run.first_call(jitted, args)
+    assert tiered.thread.ident is None and tiered.optimised is None  # not beside the first run
+    np.testing.assert_array_equal(tiered(*args), jitted(*args))
+    assert tiered.thread.ident is not None  # started once the first result was ready
+    tiered.wait()
+    assert tiered.optimised is not None
