@@ -72,8 +72,15 @@ class Tiered:
         self.failed: str | None = None
         self.thread = threading.Thread(target=self._compile, args=(lowered,),
                                        name="caffe2jax-compile")  # fmt: skip
+        self._starting = threading.Lock()
         if not START_AFTER_FIRST_CALL:
-            self.thread.start()
+            self._start()
+
+    def _start(self) -> None:
+        """Start the optimised compile unless it was started (by another caller's thread)."""
+        with self._starting:
+            if self.thread.ident is None:
+                self.thread.start()
 
     def _compile(self, lowered: Any) -> None:
         try:
@@ -87,13 +94,12 @@ class Tiered:
         out = run(*args)
         if self.thread.ident is None:  # the first call
             jax.block_until_ready(out)  # its result before the cores go to the compile
-            self.thread.start()
+            self._start()
         return out
 
     def wait(self) -> None:
         """Block until the optimised executable is compiled (or its compile failed)."""
-        if self.thread.ident is None:  # never called: compile it now
-            self.thread.start()
+        self._start()  # never called: compile it now
         self.thread.join()
 
 
