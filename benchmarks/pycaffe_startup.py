@@ -20,7 +20,13 @@ the ratios (same round) are what to compare.
 quick executable first, runtime/host/first_run.py) on its own fresh cache, and the table adds
 its row and each first run's launch → exit.
 
-    python benchmarks/pycaffe_startup.py [--rounds N] [--full] [--no-time] [--before]
+``--quick-ab``: each round also runs the first run as round 5 had it (the quick executable at
+LLVM -O0 alone, ``first_run.FALLBACK_OPTIONS``, XLA's fusion emitters on; the optimised
+compile started beside its first call) on its own fresh cache, before the round's three
+scripts in odd rounds and after them in even ones, and the table adds its row and its ratio to
+the first run's.
+
+    python benchmarks/pycaffe_startup.py [--rounds N] [--full] [--no-time] [--before] [--quick-ab]
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ net.blobs["data"].data[...] = np.random.default_rng(0).normal(size=net.blobs["da
 prob = net.forward()["prob"]
 print(f"{time.time() - start:.3f} {prob.shape} {prob[0].argmax()}", flush=True)
 """
+
+# the first run with the previous quick options (--quick-ab)
+PYCAFFE_O0 = PYCAFFE.replace(
+    "import caffe2jax as caffe\n",
+    """import caffe2jax as caffe
+from caffe2jax.runtime.host import first_run
+first_run.QUICK_OPTIONS = first_run.FALLBACK_OPTIONS
+first_run.START_AFTER_FIRST_CALL = False
+""",
+)
 
 OPENCV = """
 import time, sys
@@ -149,6 +165,8 @@ def main() -> None:
     parser.add_argument("--no-time", action="store_true", help="skip the `caffe2jax time` rows")
     before = "also a first run with CAFFE2JAX_QUICK_FIRST_RUN=0 each round (first_run.py)"
     parser.add_argument("--before", action="store_true", help=before)
+    quick_ab = "also a first run as round 5 had it (-O0 alone, compiles side by side) each round"
+    parser.add_argument("--quick-ab", action="store_true", help=quick_ab)
     args = parser.parse_args()
     import caffe2jax
 
@@ -163,6 +181,8 @@ def main() -> None:
         env = {**os.environ, "CAFFE2JAX_CACHE_DIR": str(work / f"cache{k}")}
         env.pop("CAFFE2JAX_NO_COMPILE_CACHE", None)
         load = os.getloadavg()[0]
+        env_o0 = {**env, "CAFFE2JAX_CACHE_DIR": str(work / f"cache{k}-o0")}
+        o0 = launch_to_output(PYCAFFE_O0, files, env_o0)[0] if args.quick_ab and k % 2 else 0
         first, what = launch_to_output(PYCAFFE, files, env)
         first_exit = EXITS[-1]
         second, _ = launch_to_output(PYCAFFE, files, env)
@@ -171,11 +191,19 @@ def main() -> None:
         env_off = {**env, "CAFFE2JAX_CACHE_DIR": str(work / f"cache{k}-off"),
                    "CAFFE2JAX_QUICK_FIRST_RUN": "0"}  # fmt: skip
         slow, _ = launch_to_output(PYCAFFE, files, env_off) if args.before else (first, "")
-        rows.append((load, first, second, opencv, slow, first_exit, EXITS[-1]))
+        slow_exit = EXITS[-1]
+        if args.quick_ab and not k % 2:
+            o0 = launch_to_output(PYCAFFE_O0, files, env_o0)[0]
+        rows.append((load, first, second, opencv, slow, first_exit, slow_exit, o0))
         print(f"round {k}: load {load:.1f}; first {first:.2f} s (exit {first_exit:.2f} s), "
               f"second {second:.2f} s, OpenCV {opencv:.2f} s: {first / opencv:.2f}x, "
-              f"{second / opencv:.2f}x; first without the quick executable {slow:.2f} s "
-              f"(exit {EXITS[-1]:.2f} s): {slow / opencv:.2f}x", flush=True)  # fmt: skip
+              f"{second / opencv:.2f}x", flush=True)  # fmt: skip
+        if args.before:
+            print(f"  first without the quick executable {slow:.2f} s (exit {slow_exit:.2f} s): "
+                  f"{slow / opencv:.2f}x", flush=True)  # fmt: skip
+        if args.quick_ab:
+            print(f"  first run as round 5's {o0:.2f} s: "
+                  f"{o0 / opencv:.2f}x", flush=True)  # fmt: skip
     if not args.no_time:
         t_first = time_lines(resnet, env, args.full)
         t_second = time_lines(resnet, env, args.full)
@@ -203,6 +231,13 @@ def main() -> None:
               f"{opencv:.2f} s | {ratio:.2f}× |")  # fmt: skip
         print(f"| launch → exit of the first run, quick first on / off | {exits[0]:.2f} s / "
               f"{exits[1]:.2f} s | — | — |")  # fmt: skip
+    if args.quick_ab:
+        o0 = statistics.median(r[7] for r in rows)
+        ratio = statistics.median(r[7] / r[3] for r in rows)
+        gain = statistics.median(r[1] / r[7] for r in rows)
+        print(f"| GoogLeNet deploy b10: first run as round 5's (-O0 alone, compiles side by "
+              f"side) | {o0:.2f} s | {opencv:.2f} s | {ratio:.2f}× (first run ÷ this: "
+              f"{gain:.2f}) |")  # fmt: skip
     if args.no_time:
         return
     for label, (a, b) in (("first run", t_first), ("second run", t_second)):

@@ -80,7 +80,9 @@ class Slot:
         may have changed since the last transfer."""
         if self._array is not None:
             if self._cache is None or self.dirty():
-                self._cache = jnp.asarray(self._array)
+                # a copy (the user keeps writing the array), made without a compiled program
+                # (jnp.asarray compiles one per shape, ~40 ms each on a first run)
+                self._cache = jax.device_put(self._array, may_alias=False)
                 self._touched = False
             return self._cache
         value = self.value()

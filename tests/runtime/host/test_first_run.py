@@ -1,7 +1,8 @@
 """A big program's first run (runtime/host/first_run.py): the first call runs an executable
 compiled at LLVM -O0 while the optimised one compiles in a background thread, later calls
-switch to it; both give bit-identical results, through a pycaffe net's forward as users run
-it (the start-up cache's program on a first run) as well as for a bare jitted function."""
+switch to it; both give bit-identical results through a pycaffe net's forward as users run it
+(the start-up cache's program on a first run) and for a bare jitted function, and each
+elementwise operation XLA compiles differently at -O0 stays within float rounding."""
 
 from __future__ import annotations
 
@@ -105,5 +106,59 @@ def test_a_quick_compile_that_fails_leaves_the_usual_compile(monkeypatch):
     monkeypatch.delenv(first_run.SWITCH_ENV, raising=False)
     monkeypatch.setattr(first_run, "MIN_OPS", 1)
     monkeypatch.setattr(first_run, "QUICK_OPTIONS", {"xla_no_such_option": 0})
+    monkeypatch.setattr(first_run, "FALLBACK_OPTIONS", {"xla_no_such_option": 1})
     jitted = jax.jit(lambda x: jnp.tanh(x) * 3)
     assert first_run.first_call(jitted, (jnp.ones((3, 4)),)) is None
+
+
+def test_a_refused_quick_option_falls_back_to_llvm_o0(monkeypatch):
+    monkeypatch.delenv(first_run.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(first_run, "MIN_OPS", 1)
+    monkeypatch.setattr(first_run, "QUICK_OPTIONS", {"xla_no_such_option": 0})
+    jitted = jax.jit(lambda x: jnp.tanh(x) * 3)
+    tiered = first_run.first_call(jitted, (jnp.ones((3, 4)),))
+    tiered.wait()
+    np.testing.assert_array_equal(tiered.quick(jnp.ones((3, 4))), jitted(jnp.ones((3, 4))))
+
+
+def _elementwise(x):
+    """Operations the quick executable computes differently: products then sums (fused
+    multiply-adds at -O2 only), divisions, and the elemental emitter's own tanh, rsqrt, log1p."""
+    a = jnp.abs(x)
+    return (
+        jnp.tanh(x),
+        jax.lax.rsqrt(a + 1e-3),
+        jnp.log1p(a),
+        x / (x * x + 1),
+        jax.nn.softplus(x),
+        jnp.exp(-a) * x + 0.5 * x,
+        (1 + a) ** -0.75,
+        jax.nn.sigmoid(x),
+    )
+
+
+def test_quick_executable_within_float_rounding_of_the_optimised():
+    x = np.random.default_rng(0).normal(size=50_000).astype(np.float32) * np.float32(4)
+    lowered = jax.jit(_elementwise).lower(x)
+    optimised = lowered.compile()(x)
+    quick = lowered.compile(first_run.QUICK_OPTIONS)(x)
+    differ = 0
+    for q, o in zip(quick, optimised):
+        # measured at most 8 ulp (tanh: the elemental emitter's own approximation), most 0-2:
+        # 1e-6 relative is 8.4 float32 ulp at worst
+        np.testing.assert_allclose(np.asarray(q), np.asarray(o), rtol=1e-6, atol=1e-30)
+        differ += int(np.sum(np.asarray(q) != np.asarray(o)))
+    assert differ > 0  # the check sees the executables' differences (not one program twice)
+
+
+def test_the_optimised_compile_starts_after_the_first_calls_result(monkeypatch):
+    monkeypatch.delenv(first_run.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(first_run, "MIN_OPS", 1)
+    jitted = jax.jit(lambda x: jnp.exp(x) * 2)
+    args = (jnp.ones((3, 4)),)
+    tiered = first_run.first_call(jitted, args)
+    assert tiered.thread.ident is None and tiered.optimised is None  # not beside the first run
+    np.testing.assert_array_equal(tiered(*args), jitted(*args))
+    assert tiered.thread.ident is not None  # started once the first result was ready
+    tiered.wait()
+    assert tiered.optimised is not None
