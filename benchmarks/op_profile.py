@@ -2,7 +2,7 @@
 trace, each op named by the Python line that emitted it (the optimized HLO's metadata), and the
 PyTorch peer's operators from ``torch.profiler`` — the "profile first" of issue 39.
 
-    python benchmarks/op_profile.py ssd|frcnn|segnet [--calls 3] [--top 25] [--peer]
+    python benchmarks/op_profile.py ssd|frcnn|segnet|rfcn [--calls 3] [--top 25] [--peer]
     python benchmarks/op_profile.py googlenet|resnet50 [--batch 1] [--peer]   # vs onnxruntime
 
 The case's own benchmark builds the runners (benchmarks/ssd_train.py, frcnn_train.py,
@@ -125,9 +125,25 @@ def runners(case: str):
         peer = segnet_train.torch_step(torch, segnet_train.class_weights())
         xt, yt = torch.from_numpy(x), torch.from_numpy(y[:, 0]).long()
         return (lambda: ours(x, y, 1)), (lambda: peer(xt, yt, 1))
+    if case == "rfcn":
+        import shutil
+
+        import rfcn_train
+        from google.protobuf import text_format
+        from rfcn_torch import torch_runner
+
+        from caffe2jax.frontend import caffe_pb2
+
+        work = Path(tempfile.mkdtemp())
+        solver = rfcn_train.ours(work, 224)
+        net = text_format.Parse((work / "train.prototxt").read_text(), caffe_pb2.NetParameter())
+        twin = lambda b, d, i, g: torch_runner(net, b, d, i, g, 1e-3, 0.9, 5e-4)  # noqa: E731
+        _, peer = rfcn_train.agreement(solver, twin)
+        shutil.rmtree(DUMP)  # the init's BatchNorm statistics and the forward: not the step
+        return (lambda: solver.step(1)), peer
     if case in ("googlenet", "resnet50"):
         return inference(case, BATCH)
-    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, googlenet or resnet50")
+    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, rfcn, googlenet or resnet50")
 
 
 BATCH = 1
