@@ -200,17 +200,12 @@ def psroi_pooling(layer, params, bottoms, ctx):
     end = exact.mul(r[:, 2:] + 1, p.spatial_scale)
     mh = _masks(*psroi_bins(start[:, 1], end[:, 1], k, height), height).astype(x.dtype)
     mw = _masks(*psroi_bins(start[:, 0], end[:, 0], k, width), width).astype(x.dtype)
-    return [psroi_average(groups, rois[:, 0].astype(jnp.int32), mh, mw)]
 
+    def one(args):
+        b, h, w = args
+        g = lax.dynamic_index_in_dim(groups, b, 0, keepdims=False)
+        total = jnp.einsum("ih,jw,cijhw->cij", h, w, g)
+        area = h.sum(1)[:, None] * w.sum(1)[None, :]
+        return jnp.where(area > 0, total / jnp.where(area > 0, area, 1), 0)
 
-def psroi_average(groups: jax.Array, batch: jax.Array, mh: jax.Array, mw: jax.Array):
-    """(R, dim, k, k): each roi's bin (i, j) averages channel (c, i, j) of its image's
-    ``groups`` (N, dim, k, k, H, W) over the cells of row mask ``mh[r, i]`` (R, k, H) and column
-    mask ``mw[r, j]`` (R, k, W); 0 for an empty bin. Every roi at once: two matrix products
-    (the columns per bin, then the rows and the roi's image as a one-hot), no loop over rois;
-    their gradient is the fork's even spread over each bin."""
-    image = (batch[:, None] == jnp.arange(groups.shape[0])).astype(groups.dtype)  # (R, N)
-    by_col = jnp.einsum("rjw,ncijhw->rncijh", mw, groups)
-    total = jnp.einsum("rn,rih,rncijh->rcij", image, mh, by_col)
-    area = (mh.sum(2)[:, :, None] * mw.sum(2)[:, None, :])[:, None]  # (R, 1, k, k)
-    return jnp.where(area > 0, total / jnp.where(area > 0, area, 1), 0)
+    return [lax.map(one, (rois[:, 0].astype(jnp.int32), mh, mw))]
