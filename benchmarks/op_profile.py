@@ -2,7 +2,7 @@
 trace, each op named by the Python line that emitted it (the optimized HLO's metadata), and the
 PyTorch peer's operators from ``torch.profiler`` — the "profile first" of issue 39.
 
-    python benchmarks/op_profile.py ssd|frcnn|segnet|crnn [--calls 3] [--top 25] [--peer]
+    python benchmarks/op_profile.py ssd|frcnn|segnet|crnn|rfcn [--calls 3] [--top 25] [--peer]
     python benchmarks/op_profile.py googlenet|resnet50 [--batch 1] [--peer]   # vs onnxruntime
 
 The case's own benchmark builds the runners (benchmarks/ssd_train.py, frcnn_train.py,
@@ -138,9 +138,26 @@ def runners(case: str):
         ours, params = crnn_train.caffe2jax_runner(net, x, label, solver)
         peer = torch_runner(net, params, x, label, solver)
         return (lambda: ours(1)), (lambda: peer(1))
+    if case == "rfcn":
+        import shutil
+
+        import rfcn_train
+        from google.protobuf import text_format
+        from rfcn_torch import torch_runner
+
+        from caffe2jax.frontend import caffe_pb2
+
+        work = Path(tempfile.mkdtemp())
+        solver = rfcn_train.ours(work, 224)
+        net = text_format.Parse((work / "train.prototxt").read_text(), caffe_pb2.NetParameter())
+        twin = lambda b, d, i, g: torch_runner(net, b, d, i, g, 1e-3, 0.9, 5e-4)  # noqa: E731
+        _, peer = rfcn_train.agreement(solver, twin)
+        shutil.rmtree(DUMP)  # the init's BatchNorm statistics and the forward: not the step
+        return (lambda: solver.step(1)), peer
     if case in ("googlenet", "resnet50"):
         return inference(case, BATCH)
-    raise SystemExit(f"unknown case {case!r}: ssd, frcnn, segnet, crnn, googlenet or resnet50")
+    known = "ssd, frcnn, segnet, crnn, rfcn, googlenet or resnet50"
+    raise SystemExit(f"unknown case {case!r}: {known}")
 
 
 BATCH = 1

@@ -9,7 +9,7 @@ compactions, never a shape that depends on the data:
 * :func:`greedy_keep` — SSD's ApplyNMSFast on a ranked list: a candidate is kept when its
   IoU with every kept one is ≤ the threshold (adaptive with ``eta`` as SSD: after each keep,
   if eta < 1 and threshold > 0.5, threshold *= eta); :func:`greedy_keep_rows` the same
-  (or ≥-suppression, the YOLO forks') with IoU rows computed on the fly, for long lists
+  (or ≥-suppression, the YOLO forks') a block of IoU rows at a time, for long lists
   (py-faster-rcnn's nms with ``iou_row(RCNN_NMS)``);
 * :func:`compact` — the rows flagged kept moved to the front in order, the rest padding.
 
@@ -62,17 +62,55 @@ def compact(rows: jax.Array, keep: jax.Array, size: int, fill: jax.Array) -> jax
     return out.at[target].set(rows, mode="drop")[:size]
 
 
-def greedy_keep_rows(boxes, valid, threshold: float, iou_row, strict: bool = False):
-    """Greedy NMS as :func:`greedy_keep` with each IoU row computed when its candidate comes
-    up (``iou_row(box, boxes) -> (M,)``): O(M) memory for long candidate lists. ``strict``:
+def greedy_keep_rows(boxes, valid, threshold: float, iou_row, strict: bool = False,
+                     block: int = 128, limit: int | None = None):  # fmt: skip
+    """Greedy NMS as :func:`greedy_keep`, for long candidate lists (O(block·M) memory; the
+    overlaps come from ``iou_row(box, boxes) -> (M,)``, the candidate's box first). ``strict``:
     a candidate is suppressed when IoU ≥ threshold (the YOLO forks' ApplyNms; a NaN IoU then
-    suppresses nothing), else when IoU > threshold."""
+    suppresses nothing), else when IoU > threshold (a NaN IoU suppresses).
+
+    The same keep flags as one candidate at a time, computed ``block`` candidates at a time:
+    a block's candidates suppressed by the kept ones of earlier blocks (one (block, M) overlap
+    matrix), then the greedy pass inside the block as its unique fixed point (see
+    :func:`_greedy_in_block`), so the sequential steps are a few per block, not one per box.
+    ``limit``: stop after the block where ``limit`` candidates are kept (the flags after it stay
+    False): for a caller that keeps only the first ``limit`` (py-faster-rcnn's post-NMS top N
+    through :func:`compact`), the same result."""
     m = valid.shape[-1]
+    size = max(1, min(block, m))
+    blocks = -(-m // size)
+    pad = blocks * size - m
+    boxes = jnp.pad(boxes, ((0, pad), (0, 0)))
+    valid = jnp.pad(valid, (0, pad))
+    rows = jax.vmap(iou_row, (0, None))
 
-    def step(i, keep):
-        row = iou_row(boxes[i], boxes)
-        hit = (row >= threshold) if strict else ~(row <= threshold)
-        k = valid[i] & ~jnp.any(keep & hit)
-        return keep.at[i].set(k)
+    def step(state):
+        b, keep = state
+        start = b * size
+        ov = rows(lax.dynamic_slice_in_dim(boxes, start, size), boxes)  # (size, M)
+        hit = (ov >= threshold) if strict else ~(ov <= threshold)
+        cand = lax.dynamic_slice_in_dim(valid, start, size) & ~jnp.any(hit & keep, axis=1)
+        inside = lax.dynamic_slice_in_dim(hit, start, size, axis=1)
+        kept = _greedy_in_block(cand, inside & jnp.tri(size, k=-1, dtype=bool))
+        return b + 1, lax.dynamic_update_slice_in_dim(keep, kept, start, 0)
 
-    return lax.fori_loop(0, m, step, jnp.zeros_like(valid))
+    def more(state):
+        b, keep = state
+        return (b < blocks) if limit is None else (b < blocks) & (jnp.sum(keep) < limit)
+
+    return lax.while_loop(more, step, (0, jnp.zeros_like(valid)))[1][:m]
+
+
+def _greedy_in_block(cand: jax.Array, earlier_hit: jax.Array) -> jax.Array:
+    """The greedy pass over one block: ``kept[i] = cand[i] & ~any(kept[j] & earlier_hit[i, j])``
+    (``earlier_hit`` is zero on and above the diagonal). Its solution is unique (row i depends
+    on rows < i only) and iterating the equation from ``cand`` reaches it: after t rounds rows
+    < t are final, so the loop stops at the fixed point after at most ``size`` rounds — in
+    practice as many as the longest chain of suppressions inside the block."""
+
+    def round_(state):
+        kept, _ = state
+        new = cand & ~jnp.any(earlier_hit & kept[None, :], axis=1)
+        return new, jnp.any(new != kept)
+
+    return lax.while_loop(lambda s: s[1], round_, (cand, jnp.asarray(True)))[0]

@@ -153,8 +153,8 @@ def proposal_layer(layer: ir.Layer, params, bottoms, ctx, config=CONFIG):
     valid = (ws >= min_size * info[2]) & (hs >= min_size * info[2])
     order, valid = ranked(fg, valid, min(pre, fg.shape[0]))
     cand = boxes[order]
-    keep = greedy_keep_rows(cand, valid, thresh, iou_row(RCNN_NMS))  # O(pre-NMS N) memory
     size = min(post, order.shape[0])
+    keep = greedy_keep_rows(cand, valid, thresh, iou_row(RCNN_NMS), limit=size)
     rows = jnp.concatenate([jnp.zeros_like(cand[:, :1]), cand, fg[order][:, None]], axis=1)
     out = compact(rows, keep, size, jnp.zeros((6,), rows.dtype))
     return [out[:, :5], out[:, 5:]][: len(layer.tops)]
