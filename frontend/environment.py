@@ -56,7 +56,8 @@ _ALL = (
              "the folder of the compilation cache", "runtime/host/compile_cache.py"),
     Variable("CAFFE2JAX_QUICK_FIRST_RUN", "unset or `1`: on; `0`: off",
              "a big program's first run on the CPU: its first calls run an executable compiled "
-             "at LLVM -O0 while the optimised one compiles in the background (same results)",
+             "at LLVM -O0 with XLA's elemental emitter; the optimised one compiles in the "
+             "background once the first call has its result (within float rounding)",
              "runtime/host/first_run.py"),
     Variable("CAFFE2JAX_DEFAULT_JAX_CACHE_DIR", "set by caffe2jax, not by users",
              "marks `JAX_COMPILATION_CACHE_DIR` as caffe2jax's default (not the user's "

@@ -80,9 +80,10 @@ class Slot:
         may have changed since the last transfer."""
         if self._array is not None:
             if self._cache is None or self.dirty():
-                # a copy (the user keeps writing the array), made without a compiled program
-                # (jnp.asarray compiles one per shape, ~40 ms each on a first run)
-                self._cache = jax.device_put(self._array, may_alias=False)
+                # a copy on the host first: the user keeps writing the array, and on the CPU
+                # jax.device_put of a NumPy array shares its memory even with may_alias=False
+                # (jax 0.10); no compiled program per shape, as jnp.asarray would make
+                self._cache = jax.device_put(np.array(self._array, copy=True))
                 self._touched = False
             return self._cache
         value = self.value()
